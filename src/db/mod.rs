@@ -1,0 +1,80 @@
+//! Database access: the connection pool, migrations, and the readiness probe.
+
+pub mod embedded;
+
+use std::time::Duration;
+
+use secrecy::ExposeSecret;
+use sqlx::PgPool;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::config::DatabaseSettings;
+
+/// Migrations compiled into the binary from `migrations/`.
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// The newest migration version this binary knows.
+pub fn latest_migration() -> i64 {
+    MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+/// Connection options from `database.url`.
+pub fn options_from_url(url: &secrecy::SecretString) -> Result<PgConnectOptions, sqlx::Error> {
+    url.expose_secret().parse()
+}
+
+/// Builds the pool. Connections are opened lazily, so a service whose database is down still starts
+/// serving `/healthz` and reports `/readyz` 503 rather than crash-looping.
+pub fn pool(settings: &DatabaseSettings, options: PgConnectOptions) -> PgPool {
+    let statement_timeout = settings.statement_timeout.as_millis().to_string();
+    let options = options.application_name("cifpool").options([("statement_timeout", statement_timeout.as_str())]);
+    PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .min_connections(settings.min_connections)
+        .acquire_timeout(settings.acquire_timeout)
+        // A connection that sat idle through a database restart is dead; test before reuse.
+        .test_before_acquire(true)
+        .idle_timeout(Some(Duration::from_secs(300)))
+        .connect_lazy_with(options)
+}
+
+/// Applies pending migrations (serialised across instances by sqlx's advisory lock).
+pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
+    MIGRATOR.run(pool).await
+}
+
+/// What `/readyz` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// Reachable and at the schema version this binary expects.
+    Ready,
+    /// Reachable, but migrations are missing or failed.
+    SchemaBehind {
+        /// Applied version (0 when none).
+        applied: i64,
+        /// Version this binary needs.
+        expected: i64,
+    },
+    /// Not reachable within the timeout.
+    Unreachable(String),
+}
+
+/// Checks the database within `limit`.
+pub async fn readiness(pool: &PgPool, limit: Duration) -> Readiness {
+    let expected = latest_migration();
+    let probe =
+        sqlx::query_scalar::<_, Option<i64>>("SELECT max(version) FROM _sqlx_migrations WHERE success").fetch_one(pool);
+    match tokio::time::timeout(limit, probe).await {
+        Err(_) => Readiness::Unreachable(format!("no answer within {limit:?}")),
+        Ok(Ok(applied)) => {
+            let applied = applied.unwrap_or(0);
+            if applied >= expected { Readiness::Ready } else { Readiness::SchemaBehind { applied, expected } }
+        }
+        // The migrations table does not exist yet: reachable, schema missing.
+        Ok(Err(sqlx::Error::Database(e))) if e.code().as_deref() == Some("42P01") => {
+            Readiness::SchemaBehind { applied: 0, expected }
+        }
+        Ok(Err(e)) => Readiness::Unreachable(e.to_string()),
+    }
+}

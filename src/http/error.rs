@@ -1,0 +1,199 @@
+//! The one error type of the HTTP layer, rendered as RFC 9457 `application/problem+json`.
+//!
+//! Handlers return [`ApiError`]; anything else that produces a 4xx/5xx (axum's extractor rejections,
+//! the body-limit and timeout layers, unknown routes, wrong methods) is rewritten into the same shape by
+//! [`problem_for_plain_errors`], so a client never has to parse two error formats.
+
+use axum::body::{Body, to_bytes};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// Media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct Problem {
+    /// A URI naming the kind of problem (stable; clients may switch on it).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Short human summary of the kind.
+    pub title: String,
+    /// HTTP status code.
+    pub status: u16,
+    /// What went wrong in this occurrence.
+    pub detail: String,
+}
+
+impl Problem {
+    /// A problem of kind `slug` (`urn:cifpool:problem:<slug>`).
+    pub fn new(status: StatusCode, slug: &str, detail: impl Into<String>) -> Problem {
+        Problem {
+            kind: format!("urn:cifpool:problem:{slug}"),
+            title: status.canonical_reason().unwrap_or("Error").to_string(),
+            status: status.as_u16(),
+            detail: detail.into(),
+        }
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        (status, [(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON))], body).into_response()
+    }
+}
+
+/// Everything a handler can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: the request is malformed.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 401: missing or wrong credentials.
+    #[error("missing or invalid bearer token")]
+    Unauthorized,
+    /// 404: no such resource.
+    #[error("{0}")]
+    NotFound(String),
+    /// 409: the request conflicts with the resource's state (e.g. a stale reservation token).
+    #[error("{0}")]
+    Conflict(String),
+    /// 413: body too large.
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// 422: well-formed but semantically invalid.
+    #[error("{0}")]
+    Unprocessable(String),
+    /// 429: intake is shedding load; come back after `retry_after_secs`.
+    #[error("{detail}")]
+    TooManyRequests {
+        /// Why.
+        detail: String,
+        /// Seconds to wait.
+        retry_after_secs: u64,
+    },
+    /// 503: a dependency (the database, an empty pool) cannot serve now.
+    #[error("{detail}")]
+    Unavailable {
+        /// Why.
+        detail: String,
+        /// Seconds to wait, when known.
+        retry_after_secs: Option<u64>,
+    },
+    /// A database error; connection trouble maps to 503, anything else to 500.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// A bug or unexpected state: 500, details only in the log.
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+/// True when the error means "the database is not reachable right now" rather than a bad query.
+pub fn is_connectivity_error(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => true,
+        sqlx::Error::WorkerCrashed => true,
+        // admin_shutdown, crash_shutdown, cannot_connect_now, query_canceled (statement_timeout)
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("57P01" | "57P02" | "57P03" | "57014")),
+        _ => false,
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, slug, detail, retry_after) = match self {
+            ApiError::BadRequest(d) => (StatusCode::BAD_REQUEST, "bad-request", d, None),
+            ApiError::Unauthorized => {
+                let mut r = Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing or invalid bearer token")
+                    .into_response();
+                r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                return r;
+            }
+            ApiError::NotFound(d) => (StatusCode::NOT_FOUND, "not-found", d, None),
+            ApiError::Conflict(d) => (StatusCode::CONFLICT, "conflict", d, None),
+            ApiError::PayloadTooLarge(d) => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", d, None),
+            ApiError::Unprocessable(d) => (StatusCode::UNPROCESSABLE_ENTITY, "unprocessable", d, None),
+            ApiError::TooManyRequests { detail, retry_after_secs } => {
+                (StatusCode::TOO_MANY_REQUESTS, "overloaded", detail, Some(retry_after_secs))
+            }
+            ApiError::Unavailable { detail, retry_after_secs } => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail, retry_after_secs)
+            }
+            ApiError::Database(e) if is_connectivity_error(&e) => {
+                tracing::warn!(error = %e, "database unavailable");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "database-unavailable",
+                    "the database is not reachable".into(),
+                    Some(1),
+                )
+            }
+            ApiError::Database(e) => {
+                tracing::error!(error = %e, "database error");
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error".into(), None)
+            }
+            ApiError::Internal(e) => {
+                tracing::error!(error = format!("{e:#}"), "internal error");
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error".into(), None)
+            }
+        };
+        let mut response = Problem::new(status, slug, detail).into_response();
+        if let Some(secs) = retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+/// Slug for a status produced outside our handlers.
+fn slug_for(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST => "bad-request",
+        StatusCode::NOT_FOUND => "not-found",
+        StatusCode::METHOD_NOT_ALLOWED => "method-not-allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload-too-large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported-media-type",
+        StatusCode::UNPROCESSABLE_ENTITY => "unprocessable",
+        StatusCode::REQUEST_TIMEOUT | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => "unavailable",
+        s if s.is_client_error() => "client-error",
+        _ => "internal",
+    }
+}
+
+/// Middleware: turns any 4xx/5xx response that is not already problem+json into one, keeping the
+/// status and headers and using the original text as the detail.
+pub async fn problem_for_plain_errors<B>(response: axum::http::Response<B>) -> Response
+where
+    B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    let response = response.map(Body::new);
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(PROBLEM_JSON));
+    if is_problem {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = to_bytes(body, 16 * 1024).await.map(|b| String::from_utf8_lossy(&b).trim().to_string());
+    let detail = match text {
+        Ok(t) if !t.is_empty() && !status.is_server_error() => t,
+        _ if status == StatusCode::NOT_FOUND => "no such route".to_string(),
+        _ if status == StatusCode::SERVICE_UNAVAILABLE => "request timed out or service unavailable".to_string(),
+        _ => status.canonical_reason().unwrap_or("error").to_string(),
+    };
+    let problem = Problem::new(status, slug_for(status), detail);
+    let body = serde_json::to_vec(&problem).unwrap_or_default();
+    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body))
+}

@@ -1,0 +1,5 @@
+//! The `cifpool` binary; everything lives in the library.
+
+fn main() -> std::process::ExitCode {
+    cifpool::cli::main()
+}

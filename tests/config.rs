@@ -1,0 +1,120 @@
+//! Configuration layering and validation, in-process and through `cifpool config check`.
+
+use std::io::Write;
+use std::process::Command;
+
+use cifpool::config::{ConfigError, Settings};
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn toml_file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+fn error_text(result: Result<Settings, ConfigError>) -> String {
+    result.expect_err("configuration should have been refused").to_string()
+}
+
+#[test]
+fn defaults_load_and_validate() {
+    let s = Settings::load_with_env(None, Vec::new()).unwrap();
+    assert_eq!(s.server.listen.to_string(), "127.0.0.1:8080");
+    assert!(s.database.url.is_none(), "default is the embedded database");
+}
+
+#[test]
+fn file_then_env_layering() {
+    let f = toml_file("[server]\nlisten = \"127.0.0.1:9000\"\nbody_limit_bytes = 4096\n");
+    let s = Settings::load_with_env(Some(f.path()), Vec::new()).unwrap();
+    assert_eq!(s.server.listen.port(), 9000);
+    assert_eq!(s.server.body_limit_bytes, 4096);
+
+    let s = Settings::load_with_env(
+        Some(f.path()),
+        env(&[("CIFPOOL_SERVER__LISTEN", "0.0.0.0:9100"), ("CIFPOOL_MASTER_KEY", "not a config key")]),
+    )
+    .unwrap();
+    assert_eq!(s.server.listen.to_string(), "0.0.0.0:9100", "env wins over the file");
+    assert_eq!(s.server.body_limit_bytes, 4096, "file value kept where env is silent");
+}
+
+#[test]
+fn wrong_type_names_the_key() {
+    let msg = error_text(Settings::load_with_env(None, env(&[("CIFPOOL_DATABASE__MAX_CONNECTIONS", "many")])));
+    assert!(msg.contains("database.max_connections"), "{msg}");
+}
+
+#[test]
+fn bad_address_names_the_key() {
+    let f = toml_file("[server]\nlisten = \"not an address\"\n");
+    let msg = error_text(Settings::load_with_env(Some(f.path()), Vec::new()));
+    assert!(msg.contains("server.listen"), "{msg}");
+}
+
+#[test]
+fn unknown_key_is_refused() {
+    let f = toml_file("[server]\nlisen = \"127.0.0.1:1\"\n");
+    let msg = error_text(Settings::load_with_env(Some(f.path()), Vec::new()));
+    assert!(msg.contains("lisen"), "{msg}");
+}
+
+#[test]
+fn rule_violations_name_the_key() {
+    let cases = [
+        ("[database]\nmin_connections = 50\nmax_connections = 2\n", "database.min_connections"),
+        ("[database]\nurl = \"mysql://x\"\n", "database.url"),
+        ("[server]\nbody_limit_bytes = 10\n", "server.body_limit_bytes"),
+        ("[security]\nadmin_token = \"short\"\n", "security.admin_token"),
+        ("[log]\nlevel = \"=?=\"\n", "log.level"),
+    ];
+    for (text, key) in cases {
+        let f = toml_file(text);
+        let msg = error_text(Settings::load_with_env(Some(f.path()), Vec::new()));
+        assert!(msg.contains(key), "expected {key} in {msg:?}");
+    }
+}
+
+#[test]
+fn missing_config_file_is_an_error() {
+    let msg = error_text(Settings::load_with_env(Some(std::path::Path::new("/nonexistent/cifpool.toml")), Vec::new()));
+    assert!(msg.contains("/nonexistent/cifpool.toml"), "{msg}");
+}
+
+fn cifpool() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cifpool"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CIFPOOL_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+#[test]
+fn config_check_prints_effective_config_with_secrets_redacted() {
+    let out = cifpool()
+        .args(["config", "check"])
+        .env("CIFPOOL_SECURITY__ADMIN_TOKEN", "super-secret-admin-token-123")
+        .env("CIFPOOL_DATABASE__URL", "postgres://app:hunter2secret@db.internal:5432/cifpool?password=hunter2secret")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("listen = \"127.0.0.1:8080\""), "{stdout}");
+    assert!(stdout.contains("db.internal"), "the url's host is shown: {stdout}");
+    assert!(!stdout.contains("super-secret-admin-token-123"), "{stdout}");
+    assert!(!stdout.contains("hunter2secret"), "{stdout}");
+    assert!(stdout.contains("[redacted]"), "{stdout}");
+}
+
+#[test]
+fn config_check_fails_nonzero_naming_the_key() {
+    let out = cifpool().args(["config", "check"]).env("CIFPOOL_SERVER__REQUEST_TIMEOUT", "forever").output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("server.request_timeout"), "{stderr}");
+}
