@@ -3,6 +3,10 @@
 //! groups keep OTPs on time whatever the bulk traffic does.
 //!
 //! Layout:
+//! - [`cif`]: CIF pools — reserve/confirm/release, refill, reclaim, depth gauges.
+//! - [`claim`]: the SKIP LOCKED claim/lease/fenced-finish/sweep contract shared by pools and queue.
+//! - [`code`]: the pure keyed Feistel permutation, check digits and code format; [`keys`]: key derivation.
+//! - [`schedule`]: cron schedules of the maintenance jobs.
 //! - [`cli`]: the `cifpool` command line (serve, migrate, config check, …).
 //! - [`config`]: typed settings, layered defaults → file → `CIFPOOL_<SECTION>__<KEY>` env.
 //! - [`startup`]: wiring a [`config::Settings`] into a running [`startup::Application`].
@@ -11,10 +15,15 @@
 //! - [`state`]: the state every handler and job shares.
 //! - [`telemetry`]: logs and the Prometheus recorder.
 
+pub mod cif;
+pub mod claim;
 pub mod cli;
+pub mod code;
 pub mod config;
 pub mod db;
 pub mod http;
+pub mod keys;
+pub mod schedule;
 pub mod startup;
 pub mod state;
 pub mod telemetry;

@@ -9,8 +9,10 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::cif::Pools;
 use crate::config::Settings;
 use crate::db::{self, embedded::EmbeddedOptions, embedded::EmbeddedPostgres};
+use crate::keys::MasterKey;
 use crate::state::AppState;
 
 /// A database connection plus the embedded cluster behind it, if any (kept alive as long as this is).
@@ -81,20 +83,22 @@ pub struct Application {
 }
 
 impl Application {
-    /// Opens the database, applies migrations and binds `settings.server.listen`.
+    /// Opens the database, applies migrations, reconciles the pools and binds `settings.server.listen`.
     pub async fn build(settings: Settings) -> anyhow::Result<Application> {
+        let master = resolve_master_key(&settings, true)?;
         let database = Database::open(&settings).await?;
-        Self::build_with(settings, database).await
+        Self::build_with(settings, database, &master).await
     }
 
-    /// Like [`Application::build`] on an already opened database (tests, the lab).
-    pub async fn build_with(settings: Settings, database: Database) -> anyhow::Result<Application> {
+    /// Like [`Application::build`] on an already opened database and a given key (tests, the lab).
+    pub async fn build_with(settings: Settings, database: Database, master: &MasterKey) -> anyhow::Result<Application> {
         db::migrate(&database.pool).await.context("applying database migrations")?;
         record_start(&database.pool).await;
+        let pools = Pools::reconcile(&database.pool, &settings.pools, master).await?;
         let listener = TcpListener::bind(settings.server.listen)
             .await
             .with_context(|| format!("binding {}", settings.server.listen))?;
-        let state = AppState::new(database.pool.clone(), settings);
+        let state = AppState::new(database.pool.clone(), settings, pools);
         Ok(Application { listener, state, database })
     }
 
@@ -120,11 +124,25 @@ impl Application {
         let grace = state.settings.server.shutdown_grace;
         let stop = CancellationToken::new();
         let router = crate::http::app(state.clone());
+        let addr = listener.local_addr()?;
         let http = tokio::spawn(crate::http::serve(listener, router, stop.clone().cancelled_owned()));
-        tracing::info!(addr = %state.settings.server.listen, "cifpool serving");
+        let scheduler = tokio_cron_scheduler::JobScheduler::new().await?;
+        crate::cif::jobs::schedule(&scheduler, &state).await?;
+        scheduler.start().await?;
+        let gauges = tokio::spawn(crate::cif::jobs::gauges_loop(state.clone(), stop.clone()));
+        // Fill pools right away rather than at the first tick (a fresh install starts empty).
+        for pool in state.pools.iter() {
+            crate::cif::jobs::after_claim(&state, pool);
+        }
+        tracing::info!(%addr, pools = ?state.pools.names(), "cifpool serving");
         shutdown.await;
         tracing::info!(?grace, "shutdown requested: draining");
         stop.cancel();
+        let mut scheduler = scheduler;
+        if let Err(e) = scheduler.shutdown().await {
+            tracing::warn!(error = %e, "stopping the scheduler");
+        }
+        let _ = gauges.await;
         match tokio::time::timeout(grace, http).await {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(e))) => tracing::error!(error = %e, "http server error"),
@@ -159,4 +177,48 @@ pub async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM"),
         _ = int.recv() => tracing::info!("SIGINT"),
     }
+}
+
+/// Finds the master key: `CIFPOOL_MASTER_KEY` (hex), then `security.master_key_file`; with the embedded
+/// database only (a dev set-up), a key generated once into the data directory's parent. Never logged.
+pub fn resolve_master_key(settings: &Settings, may_generate: bool) -> anyhow::Result<MasterKey> {
+    if let Ok(hex) = std::env::var("CIFPOOL_MASTER_KEY") {
+        return MasterKey::from_hex(&hex).context("CIFPOOL_MASTER_KEY");
+    }
+    if let Some(path) = &settings.security.master_key_file {
+        return MasterKey::load_file(path).with_context(|| format!("security.master_key_file ({})", path.display()));
+    }
+    if settings.database.url.is_some() {
+        anyhow::bail!(
+            "no master key: set CIFPOOL_MASTER_KEY (64 hex digits, e.g. from `cifpool keygen`) or \
+             security.master_key_file; a generated dev key is only used with the embedded database"
+        );
+    }
+    let path = dev_key_path(settings);
+    if !may_generate {
+        return MasterKey::load_file(&path)
+            .with_context(|| format!("no master key configured and no dev key at {}", path.display()));
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let (key, generated) =
+        MasterKey::load_or_generate_dev(&path).with_context(|| format!("dev master key {}", path.display()))?;
+    if generated {
+        tracing::warn!(
+            path = %path.display(),
+            "GENERATED A NEW DEV MASTER KEY. Every code this instance issues depends on it: losing it makes \
+             issued codes unverifiable and changing it re-maps every pool. Use CIFPOOL_MASTER_KEY or \
+             security.master_key_file for anything but local development, and back the key up."
+        );
+    } else {
+        tracing::warn!(path = %path.display(), "using the generated dev master key (not for production)");
+    }
+    Ok(key)
+}
+
+/// Where the dev key lives: beside the embedded cluster's data directory.
+pub fn dev_key_path(settings: &Settings) -> PathBuf {
+    let dir = &settings.database.data_dir;
+    dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new(".")).join("master.key")
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::PgPool;
 
+use crate::cif::Pools;
 use crate::config::Settings;
 
 /// Cheap to clone: everything inside is reference-counted.
@@ -16,11 +17,18 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     /// Prometheus recorder handle, rendered by `/metrics`.
     pub metrics: PrometheusHandle,
+    /// The CIF pools this instance serves.
+    pub pools: Arc<Pools>,
 }
 
 impl AppState {
     /// Bundles the parts.
-    pub fn new(db: PgPool, settings: Settings) -> AppState {
-        AppState { db, settings: Arc::new(settings), metrics: crate::telemetry::metrics_handle() }
+    pub fn new(db: PgPool, settings: Settings, pools: Pools) -> AppState {
+        AppState {
+            db,
+            settings: Arc::new(settings),
+            metrics: crate::telemetry::metrics_handle(),
+            pools: Arc::new(pools),
+        }
     }
 }

@@ -10,7 +10,9 @@ use crate::config::LogFormat;
 /// Installs the global tracing subscriber. `RUST_LOG` wins over `level`. Safe to call twice (the second
 /// call is a no-op), which tests rely on.
 pub fn init_logging(format: LogFormat, level: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    // The scheduler logs every job registration at INFO; keep it to warnings unless asked for.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("tokio_cron_scheduler=warn,{level}")));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).try_init(),

@@ -1,6 +1,8 @@
 //! HTTP layer: [`app`] builds the router (no I/O), [`serve`] runs it on a bound listener until a
 //! shutdown future resolves, so tests can bind port 0 and stop the server at will.
 
+pub mod admin;
+pub mod cif;
 pub mod error;
 pub mod health;
 
@@ -38,6 +40,8 @@ pub fn app(state: AppState) -> Router {
         .layer(RequestBodyLimitLayer::new(server.body_limit_bytes));
     Router::new()
         .merge(health::router())
+        .merge(cif::router())
+        .merge(admin::router())
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .layer(middleware)
         .with_state(state)

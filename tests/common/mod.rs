@@ -134,7 +134,7 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
     let url = settings.database.url.clone().expect("tests use an explicit database url");
     let options = cifpool::db::options_from_url(&url).unwrap();
     let database = Database { pool: cifpool::db::pool(&settings.database, options), embedded: None };
-    let app = Application::build_with(settings, database).await.expect("building the app");
+    let app = Application::build_with(settings, database, &test_master_key()).await.expect("building the app");
     let base = format!("http://{}", app.local_addr());
     let state = app.state().clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -143,6 +143,14 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
     }));
     TestApp { base, client: reqwest::Client::new(), state, stop: Some(tx), task: Some(task) }
 }
+
+/// The fixed master key of the test suite.
+pub fn test_master_key() -> cifpool::keys::MasterKey {
+    cifpool::keys::MasterKey::from_hex(TEST_MASTER_KEY_HEX).unwrap()
+}
+
+/// Hex of [`test_master_key`].
+pub const TEST_MASTER_KEY_HEX: &str = "5ec2e7000000000000000000000000000000000000000000000000000000c1f0";
 
 /// A fresh database and an app on it.
 pub async fn spawn_app() -> (TestApp, TestDb) {

@@ -1,0 +1,18 @@
+//! CIF issuance: per-customer-type pools of Feistel-generated codes.
+//!
+//! - [`pools`]: the runtime pool registry, reconciled with the database at start (format pinning,
+//!   code-space overlap checks).
+//! - [`store`]: reserve / confirm / release / extend / look up, on the shared [`crate::claim`] contract.
+//! - [`refill`]: bounded-batch generation keeping pools above their low watermark.
+//! - [`reclaim`]: returns holds whose lease expired (pods that died before confirming).
+//! - [`stats`]: pool depth for `/v1/pools`, the gauges and the watermark warnings.
+//! - [`jobs`]: the schedules (and on-demand triggers) that run refill, reclaim and the gauges.
+
+pub mod jobs;
+pub mod pools;
+pub mod reclaim;
+pub mod refill;
+pub mod stats;
+pub mod store;
+
+pub use pools::{Pool, Pools};

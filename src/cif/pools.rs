@@ -1,0 +1,215 @@
+//! The pools this instance serves, built from configuration and reconciled with `cif_pools`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+use sqlx::PgPool;
+
+use crate::code::format::{CodeFormat, PoolCodec};
+use crate::config::PoolSettings;
+use crate::keys::MasterKey;
+
+/// Why the configured pools cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// A pinned field differs from what the pool issued its codes with.
+    #[error(
+        "pool {pool:?}: {field} is pinned to {stored} because the pool has issued codes, but the configuration says \
+         {configured}; keep it, or create a new pool (with a new name) for the new format or key"
+    )]
+    Pinned {
+        /// Pool name.
+        pool: String,
+        /// `prefix`, `digits`, `check` or `key_id`.
+        field: &'static str,
+        /// Value in the database.
+        stored: String,
+        /// Value in the configuration.
+        configured: String,
+    },
+    /// A configured pool's codes could collide with those a retired pool already issued.
+    #[error(
+        "pool {pool:?} (prefix {prefix:?}) overlaps the code space of pool {other:?} (prefix {other_prefix:?}), \
+         which is no longer configured but has issued codes"
+    )]
+    OverlapsRetired {
+        /// Configured pool.
+        pool: String,
+        /// Its prefix.
+        prefix: String,
+        /// Retired pool.
+        other: String,
+        /// Its prefix.
+        other_prefix: String,
+    },
+    /// Invalid format (should have been caught by config validation).
+    #[error("pool {0:?}: {1}")]
+    Format(String, String),
+    /// Database trouble.
+    #[error("reconciling pools with the database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// One served pool: its settings, database id and codec (format + keyed permutation).
+pub struct Pool {
+    /// `cif_pools.id`.
+    pub id: i16,
+    /// Configuration.
+    pub settings: PoolSettings,
+    /// Encodes counters to codes and back.
+    pub codec: PoolCodec,
+    /// Whether the last depth check found the pool under its watermark (for crossing warnings).
+    pub(crate) low: AtomicBool,
+    /// Unix millis of the last post-claim depth check (rate limit).
+    pub(crate) last_depth_check_ms: AtomicI64,
+}
+
+impl Pool {
+    /// Customer type / pool name.
+    pub fn name(&self) -> &str {
+        &self.settings.name
+    }
+
+    /// Whether the last depth check found it under the watermark.
+    pub fn is_low(&self) -> bool {
+        self.low.load(Ordering::Relaxed)
+    }
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("id", &self.id).field("name", &self.settings.name).finish_non_exhaustive()
+    }
+}
+
+/// All pools of this instance.
+#[derive(Debug, Default)]
+pub struct Pools {
+    list: Vec<Arc<Pool>>,
+    by_name: HashMap<String, Arc<Pool>>,
+}
+
+#[derive(sqlx::FromRow)]
+struct PoolRow {
+    id: i16,
+    name: String,
+    prefix: String,
+    digits: i16,
+    check_scheme: String,
+    key_id: String,
+    next_counter: i64,
+}
+
+impl Pools {
+    /// Creates missing pools, refuses changed pinned fields, and derives each pool's key.
+    pub async fn reconcile(
+        db: &PgPool,
+        configured: &[PoolSettings],
+        master: &MasterKey,
+    ) -> Result<Pools, ReconcileError> {
+        let mut pools = Pools::default();
+        for settings in configured {
+            sqlx::query(
+                "INSERT INTO cif_pools (name, prefix, digits, check_scheme, key_id) VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (name) DO NOTHING",
+            )
+            .bind(&settings.name)
+            .bind(&settings.prefix)
+            .bind(settings.digits as i16)
+            .bind(settings.check.name())
+            .bind(&settings.key_id)
+            .execute(db)
+            .await?;
+            let row: PoolRow =
+                sqlx::query_as("SELECT * FROM cif_pools WHERE name = $1").bind(&settings.name).fetch_one(db).await?;
+            let differences = [
+                ("prefix", row.prefix.clone(), settings.prefix.clone()),
+                ("digits", row.digits.to_string(), settings.digits.to_string()),
+                ("check", row.check_scheme.clone(), settings.check.name().to_string()),
+                ("key_id", row.key_id.clone(), settings.key_id.clone()),
+            ];
+            if let Some((field, stored, configured)) = differences.into_iter().find(|(_, s, c)| s != c) {
+                if row.next_counter > 0 {
+                    return Err(ReconcileError::Pinned { pool: settings.name.clone(), field, stored, configured });
+                }
+                // Nothing generated yet: the configuration may still change its mind.
+                sqlx::query(
+                    "UPDATE cif_pools SET prefix = $2, digits = $3, check_scheme = $4, key_id = $5, updated_at = now() \
+                     WHERE id = $1 AND next_counter = 0",
+                )
+                .bind(row.id)
+                .bind(&settings.prefix)
+                .bind(settings.digits as i16)
+                .bind(settings.check.name())
+                .bind(&settings.key_id)
+                .execute(db)
+                .await?;
+            }
+            let format = settings.format().map_err(|e| ReconcileError::Format(settings.name.clone(), e.to_string()))?;
+            let key = master.derive_pool_key(&settings.name, &settings.key_id);
+            let codec = PoolCodec::new(format, &key)
+                .map_err(|e| ReconcileError::Format(settings.name.clone(), e.to_string()))?;
+            let pool = Arc::new(Pool {
+                id: row.id,
+                settings: settings.clone(),
+                codec,
+                low: AtomicBool::new(false),
+                last_depth_check_ms: AtomicI64::new(0),
+            });
+            pools.by_name.insert(settings.name.clone(), pool.clone());
+            pools.list.push(pool);
+        }
+        pools.check_retired_overlaps(db).await?;
+        Ok(pools)
+    }
+
+    async fn check_retired_overlaps(&self, db: &PgPool) -> Result<(), ReconcileError> {
+        let retired: Vec<PoolRow> =
+            sqlx::query_as("SELECT * FROM cif_pools WHERE next_counter > 0 AND NOT (name = ANY($1))")
+                .bind(self.list.iter().map(|p| p.settings.name.clone()).collect::<Vec<_>>())
+                .fetch_all(db)
+                .await?;
+        for old in retired {
+            let Ok(check) = old.check_scheme.parse() else { continue };
+            let Ok(old_format) = CodeFormat::new(old.prefix.clone(), old.digits as u32, check) else { continue };
+            for pool in &self.list {
+                let format = pool.codec.format();
+                if format.total_len() == old_format.total_len()
+                    && (format.prefix().starts_with(&old.prefix) || old.prefix.starts_with(format.prefix()))
+                {
+                    return Err(ReconcileError::OverlapsRetired {
+                        pool: pool.settings.name.clone(),
+                        prefix: format.prefix().to_string(),
+                        other: old.name,
+                        other_prefix: old.prefix,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The pool serving `customer_type`.
+    pub fn get(&self, customer_type: &str) -> Option<&Arc<Pool>> {
+        self.by_name.get(customer_type)
+    }
+
+    /// The pool whose code space contains `code` (by length and prefix; spaces never overlap).
+    pub fn for_code(&self, code: &str) -> Option<&Arc<Pool>> {
+        self.list.iter().find(|p| {
+            let format = p.codec.format();
+            code.len() == format.total_len() && code.starts_with(format.prefix())
+        })
+    }
+
+    /// All pools, in configuration order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Pool>> {
+        self.list.iter()
+    }
+
+    /// Names, for error messages.
+    pub fn names(&self) -> Vec<&str> {
+        self.list.iter().map(|p| p.name()).collect()
+    }
+}

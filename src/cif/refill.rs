@@ -1,0 +1,169 @@
+//! Refill: keep each pool above its low watermark, in bounded batches.
+//!
+//! A run takes a session advisory lock for the pool (one refill per pool across all instances; a
+//! second caller returns `busy` at once instead of queueing), measures the deficit below the
+//! watermark and adds `ceil(deficit / batch_size)` batches, at most `max_batches_per_run`. Each batch
+//! is one transaction: advance `cif_pools.next_counter` (row lock, so even without the advisory
+//! lock two refills could never take the same counters), compute the codes in the service (the key
+//! never reaches the database) and `COPY` them in. A crash mid-run loses at most the open batch, whose
+//! counter advance rolls back with it: no counter is ever issued twice.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use serde::Serialize;
+use sqlx::{Acquire, PgConnection, PgPool};
+
+use crate::cif::Pool;
+
+/// Advisory-lock class for refills (high 32 bits of the lock key; the pool id is the low bits).
+const REFILL_LOCK_CLASS: i64 = 0x6369_6672; // "cifr"
+
+/// How a refill run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefillOutcome {
+    /// Codes were added.
+    Refilled,
+    /// The pool was at or above its watermark: nothing to do.
+    AboveWatermark,
+    /// Another refill of this pool holds the lock.
+    Busy,
+    /// The pool's domain is used up (every counter generated).
+    Exhausted,
+}
+
+/// What a run did (returned by the admin endpoint, logged by the schedule).
+#[derive(Debug, Clone, Serialize)]
+pub struct RefillSummary {
+    /// Pool name.
+    pub pool: String,
+    /// Outcome.
+    pub outcome: RefillOutcome,
+    /// Codes generated.
+    pub codes_added: u64,
+    /// Transactions committed.
+    pub batches: u32,
+    /// Available codes before the run (counted up to the watermark).
+    pub available_before: u64,
+    /// Wall time of the run.
+    pub duration_ms: f64,
+}
+
+/// Options of one run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RefillOptions {
+    /// Add `max_batches_per_run` batches even above the watermark (ops pre-filling before a campaign).
+    pub force: bool,
+}
+
+/// Runs one refill of `pool`.
+pub async fn refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result<RefillSummary, sqlx::Error> {
+    let started = Instant::now();
+    let mut conn = db.acquire().await?;
+    let lock_key = (REFILL_LOCK_CLASS << 32) | i64::from(pool.id);
+    let locked: bool =
+        sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(lock_key).fetch_one(&mut *conn).await?;
+    let mut summary = RefillSummary {
+        pool: pool.name().to_string(),
+        outcome: RefillOutcome::Busy,
+        codes_added: 0,
+        batches: 0,
+        available_before: 0,
+        duration_ms: 0.0,
+    };
+    if locked {
+        match run_locked(&mut conn, pool, opts, &mut summary).await {
+            Ok(()) => {
+                sqlx::query("SELECT pg_advisory_unlock($1)").bind(lock_key).execute(&mut *conn).await?;
+            }
+            Err(e) => {
+                // The session lock must not survive in the pool: drop the connection instead.
+                drop(conn.detach());
+                return Err(e);
+            }
+        }
+    }
+    summary.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+    if summary.codes_added > 0 {
+        metrics::counter!("cifpool_refill_codes_total", "pool" => pool.name().to_string())
+            .increment(summary.codes_added);
+    }
+    metrics::counter!("cifpool_refill_runs_total", "pool" => pool.name().to_string(),
+        "outcome" => format!("{:?}", summary.outcome).to_lowercase())
+    .increment(1);
+    Ok(summary)
+}
+
+/// Available codes of `pool`, counting no further than `limit` (cheap on a deep pool).
+pub async fn available_up_to(conn: &mut PgConnection, pool_id: i16, limit: u64) -> Result<u64, sqlx::Error> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM cif_codes WHERE pool_id = $1 AND state = 'available' LIMIT $2) AS a",
+    )
+    .bind(pool_id)
+    .bind(limit as i64)
+    .fetch_one(conn)
+    .await?;
+    Ok(n as u64)
+}
+
+async fn run_locked(
+    conn: &mut PgConnection,
+    pool: &Pool,
+    opts: RefillOptions,
+    summary: &mut RefillSummary,
+) -> Result<(), sqlx::Error> {
+    let s = &pool.settings;
+    let batch = u64::from(s.batch_size);
+    let available = available_up_to(conn, pool.id, s.low_watermark).await?;
+    summary.available_before = available;
+    let batches = if opts.force {
+        s.max_batches_per_run
+    } else if available >= s.low_watermark {
+        summary.outcome = RefillOutcome::AboveWatermark;
+        return Ok(());
+    } else {
+        (s.low_watermark - available).div_ceil(batch).min(u64::from(s.max_batches_per_run)) as u32
+    };
+    let domain = pool.codec.capacity() as i64;
+    summary.outcome = RefillOutcome::Refilled;
+    let mut text = String::new();
+    for _ in 0..batches {
+        let mut tx = conn.begin().await?;
+        // Take the next counters (row-locked); near the end of the domain, what is left.
+        let range: Option<(i64, i64)> = sqlx::query_as(
+            "WITH old AS (SELECT next_counter FROM cif_pools WHERE id = $1 FOR UPDATE) \
+             UPDATE cif_pools AS p SET next_counter = LEAST(old.next_counter + $2, $3), updated_at = now() \
+             FROM old WHERE p.id = $1 AND old.next_counter < $3 \
+             RETURNING old.next_counter, p.next_counter",
+        )
+        .bind(pool.id)
+        .bind(batch as i64)
+        .bind(domain)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((start, end)) = range else {
+            if summary.codes_added == 0 {
+                summary.outcome = RefillOutcome::Exhausted;
+            }
+            tracing::error!(pool = pool.name(), "pool domain exhausted: every counter has been generated");
+            break;
+        };
+        text.clear();
+        for counter in start..end {
+            let code = pool.codec.encode(counter as u64);
+            let _ = writeln!(text, "{}\t{counter}\t{code}", pool.id);
+        }
+        let mut copy = tx.copy_in_raw("COPY cif_codes (pool_id, counter, code) FROM STDIN").await?;
+        copy.send(text.as_bytes()).await?;
+        copy.finish().await?;
+        tx.commit().await?;
+        summary.codes_added += (end - start) as u64;
+        summary.batches += 1;
+        if end >= domain {
+            tracing::error!(pool = pool.name(), "pool domain exhausted after this batch");
+            break;
+        }
+    }
+    Ok(())
+}

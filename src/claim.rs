@@ -1,0 +1,188 @@
+//! The claiming contract shared by the CIF pools and the notification queue.
+//!
+//! A claimable table has a state column, a lease-expiry column and a fencing-token column. The
+//! contract, in SQL this module writes so that no caller hand-rolls it:
+//!
+//! - **claim**: one statement picks up to `n` free rows `ORDER BY … LIMIT n FOR UPDATE SKIP LOCKED`
+//!   (rows another transaction has locked are skipped, so claimers never wait on each other) and
+//!   `UPDATE … RETURNING` marks them held, with a lease expiry and a fresh random token.
+//! - **fenced finish**: every later write by the holder (confirm, release, extend, complete) carries
+//!   `WHERE token = $1` and the held state. Zero rows affected means the lease was lost — swept and
+//!   perhaps claimed by someone else — and the caller must not act as the owner ([`Fenced::LeaseLost`]).
+//! - **sweep**: held rows whose lease has expired go back to a free state with their token wiped, in
+//!   bounded batches that skip rows a live holder is touching right now.
+//!
+//! Tokens are random UUIDs (`gen_random_uuid()`), not a sequence: the CIF API hands them to clients as
+//! reservation capabilities, and a guessable one would let a pod release another pod's hold.
+//!
+//! Parameter numbering: a claim statement binds `$1` = limit and `$2` = lease seconds; a fenced
+//! statement binds `$1` = token; a sweep binds `$1` = batch limit. Caller predicates and assignments
+//! use the numbers after those.
+
+/// Describes a claimable table.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimTable {
+    /// Table name.
+    pub table: &'static str,
+    /// Primary key columns (joined on when updating the picked rows).
+    pub key: &'static [&'static str],
+    /// State column.
+    pub state: &'static str,
+    /// Fencing-token column (`uuid`).
+    pub token: &'static str,
+    /// Lease-expiry column (`timestamptz`).
+    pub lease: &'static str,
+}
+
+/// The parts of a claim statement a caller chooses.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimSpec<'a> {
+    /// SQL literal(s) of the claimable state(s), e.g. `'available'` or `'pending', 'retrying'`.
+    pub free: &'a str,
+    /// SQL literal of the held state, e.g. `'reserved'`.
+    pub held: &'a str,
+    /// Extra predicate (`TRUE` for none), may use `$3…`.
+    pub filter: &'a str,
+    /// `ORDER BY` list, e.g. `counter` or `priority, id`.
+    pub order_by: &'a str,
+    /// Extra assignments, e.g. `holder = $4` (empty for none). Columns refer to the updated row.
+    pub set: &'a str,
+    /// `RETURNING` list (columns of the updated row `t`).
+    pub returning: &'a str,
+}
+
+/// What a fenced write found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// The token was current and the write happened.
+    Done,
+    /// The token no longer owns the row: the lease was swept (and maybe re-claimed).
+    LeaseLost,
+}
+
+impl Fenced {
+    /// Interprets `rows_affected()` of a fenced statement.
+    pub fn from_rows(rows: u64) -> Fenced {
+        if rows == 0 { Fenced::LeaseLost } else { Fenced::Done }
+    }
+}
+
+impl ClaimTable {
+    fn key_list(&self, alias: &str) -> String {
+        self.key.iter().map(|k| format!("{alias}.{k}")).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The one-statement claim. Binds: `$1` limit (`int8`), `$2` lease seconds (`float8`), then the
+    /// caller's.
+    pub fn claim_sql(&self, spec: &ClaimSpec<'_>) -> String {
+        let ClaimTable { table, state, token, lease, .. } = *self;
+        let keys = self.key.join(", ");
+        let extra_set = if spec.set.trim().is_empty() { String::new() } else { format!(", {}", spec.set) };
+        format!(
+            "WITH picked AS ( \
+                SELECT {keys} FROM {table} \
+                WHERE {state} IN ({free}) AND ({filter}) \
+                ORDER BY {order_by} \
+                LIMIT $1 \
+                FOR UPDATE SKIP LOCKED \
+             ) \
+             UPDATE {table} AS t \
+             SET {state} = {held}, {token} = gen_random_uuid(), \
+                 {lease} = now() + $2::float8 * interval '1 second'{extra_set} \
+             FROM picked \
+             WHERE ({tkeys}) = ({pkeys}) \
+             RETURNING {returning}",
+            free = spec.free,
+            filter = spec.filter,
+            order_by = spec.order_by,
+            held = spec.held,
+            returning = spec.returning,
+            tkeys = self.key_list("t"),
+            pkeys = self.key_list("picked"),
+        )
+    }
+
+    /// A fenced update of one held row. Binds: `$1` token (`uuid`), then the caller's `key_where` and
+    /// `set` parameters. `set` should also clear the token/lease when the write ends the hold.
+    pub fn fenced_update_sql(&self, held: &str, key_where: &str, set: &str, returning: Option<&str>) -> String {
+        let ClaimTable { table, state, token, .. } = *self;
+        let returning = returning.map(|r| format!(" RETURNING {r}")).unwrap_or_default();
+        format!("UPDATE {table} SET {set} WHERE {key_where} AND {state} = {held} AND {token} = $1{returning}")
+    }
+
+    /// A fenced delete of one held row (a finish that moves the row elsewhere, e.g. a confirmed code).
+    /// Binds: `$1` token, then the caller's.
+    pub fn fenced_delete_sql(&self, held: &str, key_where: &str, returning: &str) -> String {
+        let ClaimTable { table, state, token, .. } = *self;
+        format!("DELETE FROM {table} WHERE {key_where} AND {state} = {held} AND {token} = $1 RETURNING {returning}")
+    }
+
+    /// Extends a current lease. Binds: `$1` token, `$2` lease seconds from now (`float8`), then the
+    /// caller's `key_where` parameters from `$3`. Returns the new expiry.
+    pub fn extend_sql(&self, held: &str, key_where: &str) -> String {
+        let lease = self.lease;
+        self.fenced_update_sql(
+            held,
+            key_where,
+            &format!("{lease} = now() + $2::float8 * interval '1 second'"),
+            Some(lease),
+        )
+    }
+
+    /// Returns up to `$1` held rows whose lease has expired to `free_state`, wiping the token.
+    /// `set` adds assignments (e.g. a retry time); `filter` narrows the sweep (may use `$2…`).
+    pub fn sweep_sql(&self, held: &str, free_state: &str, filter: &str, set: &str, returning: &str) -> String {
+        let ClaimTable { table, state, token, lease, .. } = *self;
+        let keys = self.key.join(", ");
+        let extra_set = if set.trim().is_empty() { String::new() } else { format!(", {set}") };
+        format!(
+            "WITH expired AS ( \
+                SELECT {keys} FROM {table} \
+                WHERE {state} = {held} AND {lease} < now() AND ({filter}) \
+                ORDER BY {lease} \
+                LIMIT $1 \
+                FOR UPDATE SKIP LOCKED \
+             ) \
+             UPDATE {table} AS t \
+             SET {state} = {free_state}, {token} = NULL, {lease} = NULL{extra_set} \
+             FROM expired \
+             WHERE ({tkeys}) = ({ekeys}) \
+             RETURNING {returning}",
+            tkeys = self.key_list("t"),
+            ekeys = self.key_list("expired"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: ClaimTable =
+        ClaimTable { table: "jobs", key: &["id"], state: "status", token: "token", lease: "lease_expires_at" };
+
+    #[test]
+    fn claim_statement_has_the_contract_clauses() {
+        let sql = T.claim_sql(&ClaimSpec {
+            free: "'pending'",
+            held: "'sending'",
+            filter: "priority BETWEEN $3 AND $4",
+            order_by: "priority, id",
+            set: "attempts = t.attempts + 1",
+            returning: "t.id, t.token",
+        });
+        for clause in
+            ["FOR UPDATE SKIP LOCKED", "LIMIT $1", "gen_random_uuid()", "ORDER BY priority, id", "(t.id) = (picked.id)"]
+        {
+            assert!(sql.contains(clause), "{clause} missing from {sql}");
+        }
+    }
+
+    #[test]
+    fn fenced_statements_check_token_and_state() {
+        let sql = T.fenced_update_sql("'sending'", "id = $2", "status = 'sent'", None);
+        assert!(sql.ends_with("WHERE id = $2 AND status = 'sending' AND token = $1"), "{sql}");
+        assert_eq!(Fenced::from_rows(0), Fenced::LeaseLost);
+        assert_eq!(Fenced::from_rows(1), Fenced::Done);
+    }
+}

@@ -1,0 +1,225 @@
+//! `/v1/cif` (reserve, confirm, release, extend, look up) and `/v1/pools`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::cif::store::{self, Confirmed, Reserved};
+use crate::cif::{Pool, jobs, stats};
+use crate::claim::Fenced;
+use crate::http::error::ApiError;
+use crate::state::AppState;
+
+/// Longest accepted `Idempotency-Key`.
+const MAX_IDEMPOTENCY_KEY: usize = 200;
+/// Longest accepted `X-Holder` / `customer_ref`.
+const MAX_LABEL: usize = 200;
+
+/// Routes of this group.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/cif", post(reserve))
+        .route("/v1/cif/{cif}", get(lookup))
+        .route("/v1/cif/{cif}/confirm", post(confirm))
+        .route("/v1/cif/{cif}/release", post(release))
+        .route("/v1/cif/{cif}/extend", post(extend))
+        .route("/v1/pools", get(pools))
+}
+
+/// `POST /v1/cif` body.
+#[derive(Debug, Deserialize)]
+pub struct ReserveRequest {
+    /// Pool to draw from, e.g. `individual`.
+    pub customer_type: String,
+}
+
+/// `confirm` / `release` / `extend` body.
+#[derive(Debug, Deserialize)]
+pub struct TokenRequest {
+    /// Token from the reservation.
+    pub reservation_token: Uuid,
+    /// Caller's reference for the customer (confirm only; kept for audit).
+    #[serde(default)]
+    pub customer_ref: Option<String>,
+}
+
+fn optional_header<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, ApiError> {
+    let Some(value) = headers.get(name) else { return Ok(None) };
+    let text = value.to_str().map_err(|_| ApiError::BadRequest(format!("{name} must be visible ASCII")))?;
+    if text.is_empty() || text.len() > MAX_IDEMPOTENCY_KEY.max(MAX_LABEL) {
+        return Err(ApiError::BadRequest(format!("{name} must be 1 to {MAX_IDEMPOTENCY_KEY} characters")));
+    }
+    Ok(Some(text))
+}
+
+fn pool_for_type<'a>(state: &'a AppState, customer_type: &str) -> Result<&'a Arc<Pool>, ApiError> {
+    state.pools.get(customer_type).ok_or_else(|| {
+        ApiError::NotFound(format!(
+            "unknown customer_type {customer_type:?}; known types: {}",
+            state.pools.names().join(", ")
+        ))
+    })
+}
+
+/// Finds the pool of `cif` and decodes it to its counter; malformed codes are 400.
+fn decode<'a>(state: &'a AppState, cif: &str) -> Result<(&'a Arc<Pool>, i64), ApiError> {
+    if let Some(position) = cif.chars().position(|c| !c.is_ascii_digit()) {
+        return Err(ApiError::BadRequest(format!(
+            "code must contain only the digits 0-9, but character {} is not a digit",
+            position + 1
+        )));
+    }
+    let pool = state.pools.for_code(cif).ok_or_else(|| {
+        ApiError::BadRequest(format!("{cif:?} does not have the length and prefix of any pool's codes"))
+    })?;
+    let counter = pool.codec.decode(cif).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    Ok((pool, counter as i64))
+}
+
+async fn reserve(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Json(body): Json<ReserveRequest>,
+) -> Result<Response, ApiError> {
+    let idempotency_key = optional_header(&headers, "idempotency-key")?;
+    let holder = optional_header(&headers, "x-holder")?;
+    let pool = pool_for_type(&state, &body.customer_type)?;
+    let started = Instant::now();
+    let outcome = store::reserve(&state.db, pool, holder, idempotency_key).await?;
+    metrics::histogram!("cifpool_reservation_duration_seconds", "pool" => pool.name().to_string())
+        .record(started.elapsed().as_secs_f64());
+    let (status, reservation) = match outcome {
+        Reserved::Created(r) => {
+            metrics::counter!("cifpool_reservations_total", "pool" => pool.name().to_string()).increment(1);
+            jobs::after_claim(&state, pool);
+            (StatusCode::CREATED, r)
+        }
+        Reserved::Replayed(r) => (StatusCode::OK, r),
+        Reserved::Empty => {
+            metrics::counter!("cifpool_pool_empty_total", "pool" => pool.name().to_string()).increment(1);
+            jobs::on_empty(&state, pool);
+            return Err(ApiError::Unavailable {
+                detail: format!("pool {:?} has no available code right now; a refill has been started", pool.name()),
+                retry_after_secs: Some(1),
+            });
+        }
+        Reserved::KeyReused { .. } => {
+            return Err(ApiError::Unprocessable(
+                "this Idempotency-Key was already used for a different customer_type".into(),
+            ));
+        }
+    };
+    let location = HeaderValue::try_from(format!("/v1/cif/{}", reservation.cif)).ok();
+    let mut response = (status, Json(reservation)).into_response();
+    if let Some(location) = location {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+/// Response of confirm / release / extend.
+#[derive(Debug, Serialize)]
+struct StateChange {
+    cif: String,
+    customer_type: String,
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    confirmed_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_expires_at: Option<DateTime<Utc>>,
+}
+
+fn lost(cif: &str) -> ApiError {
+    ApiError::Conflict(format!(
+        "reservation token does not hold {cif}: it is wrong, or its lease expired and the code was reclaimed"
+    ))
+}
+
+async fn confirm(
+    State(state): State<AppState>,
+    Path(cif): Path<String>,
+    Json(body): Json<TokenRequest>,
+) -> Result<Json<impl Serialize>, ApiError> {
+    let (pool, counter) = decode(&state, &cif)?;
+    if body.customer_ref.as_ref().is_some_and(|r| r.len() > MAX_LABEL) {
+        return Err(ApiError::Unprocessable(format!("customer_ref must be at most {MAX_LABEL} characters")));
+    }
+    let at =
+        match store::confirm(&state.db, pool, counter, body.reservation_token, body.customer_ref.as_deref()).await? {
+            Confirmed::Now(at) => {
+                metrics::counter!("cifpool_confirmations_total", "pool" => pool.name().to_string()).increment(1);
+                at
+            }
+            Confirmed::Already(at) => at,
+            Confirmed::LeaseLost => return Err(lost(&cif)),
+        };
+    Ok(Json(StateChange {
+        cif,
+        customer_type: pool.name().to_string(),
+        state: "used",
+        confirmed_at: Some(at),
+        lease_expires_at: None,
+    }))
+}
+
+async fn release(
+    State(state): State<AppState>,
+    Path(cif): Path<String>,
+    Json(body): Json<TokenRequest>,
+) -> Result<Json<impl Serialize>, ApiError> {
+    let (pool, counter) = decode(&state, &cif)?;
+    match store::release(&state.db, pool, counter, body.reservation_token).await? {
+        Fenced::Done => Ok(Json(StateChange {
+            cif,
+            customer_type: pool.name().to_string(),
+            state: "available",
+            confirmed_at: None,
+            lease_expires_at: None,
+        })),
+        Fenced::LeaseLost => Err(lost(&cif)),
+    }
+}
+
+async fn extend(
+    State(state): State<AppState>,
+    Path(cif): Path<String>,
+    Json(body): Json<TokenRequest>,
+) -> Result<Json<impl Serialize>, ApiError> {
+    let (pool, counter) = decode(&state, &cif)?;
+    match store::extend(&state.db, pool, counter, body.reservation_token).await? {
+        Some(until) => Ok(Json(StateChange {
+            cif,
+            customer_type: pool.name().to_string(),
+            state: "reserved",
+            confirmed_at: None,
+            lease_expires_at: Some(until),
+        })),
+        None => Err(lost(&cif)),
+    }
+}
+
+async fn lookup(State(state): State<AppState>, Path(cif): Path<String>) -> Result<Json<store::CodeStatus>, ApiError> {
+    let (pool, counter) = decode(&state, &cif)?;
+    store::status(&state.db, pool, counter, &cif).await?.map(Json).ok_or_else(|| {
+        ApiError::NotFound(format!("{cif} is a well-formed code of pool {:?} that has not been issued", pool.name()))
+    })
+}
+
+#[derive(Serialize)]
+struct PoolsResponse {
+    pools: Vec<stats::PoolStats>,
+}
+
+async fn pools(State(state): State<AppState>) -> Result<Json<impl Serialize>, ApiError> {
+    let pools = stats::pool_stats(&state.db, &state.pools).await?;
+    stats::publish(&pools, &state.pools);
+    Ok(Json(PoolsResponse { pools }))
+}

@@ -1,0 +1,210 @@
+//! Key material: the service-wide master key and the per-pool keys derived from it.
+//!
+//! This is the only module that touches the filesystem. Key bytes never leave it
+//! except through [`MasterKey::to_hex`] (for `cifpool keygen` and the dev key file)
+//! and through the crate-internal accessor the permutation uses to key AES.
+//!
+//! Neither key type implements `Display` or `Serialize`, and `Debug` is redacted,
+//! so a key cannot end up in a log line or an API response by accident.
+
+use std::fmt;
+use std::fs::OpenOptions;
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use hkdf::Hkdf;
+use rand::TryRngCore;
+use rand::rngs::OsRng;
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+
+/// Length in bytes of both the master key and every pool key.
+pub const KEY_LEN: usize = 32;
+
+/// HKDF salt; versioned so a future derivation scheme cannot collide with this one.
+const POOL_KEY_SALT: &[u8] = b"cifpool/v1/pool-key";
+
+/// Errors from parsing or loading key material. Messages never contain key bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The hex text (after trimming) was not exactly 64 characters.
+    #[error("master key must be exactly 64 hex characters (32 bytes), found {found} characters")]
+    HexLength {
+        /// Number of characters found after trimming whitespace.
+        found: usize,
+    },
+    /// The hex text had the right length but contained a non-hex character.
+    #[error("master key contains a character that is not a hex digit (0-9, a-f, A-F)")]
+    NotHex,
+    /// Reading or creating the key file failed.
+    #[error("key file {path}: {source}")]
+    Io {
+        /// The key file involved.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Overwrites key bytes in a way the optimiser may not elide, since the
+/// buffer is dead right after and a plain write would be removed.
+fn wipe(bytes: &mut [u8]) {
+    for b in bytes.iter_mut() {
+        // SAFETY: `b` is a valid, aligned, exclusive reference to a u8.
+        unsafe { std::ptr::write_volatile(b, 0) };
+    }
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The service-wide 32-byte secret from which every pool key is derived.
+#[derive(Clone)]
+pub struct MasterKey([u8; KEY_LEN]);
+
+impl MasterKey {
+    /// Parses 64 hex characters (surrounding whitespace ignored); errors never echo the input.
+    pub fn from_hex(text: &str) -> Result<MasterKey, KeyError> {
+        let text = text.trim();
+        // Count chars rather than bytes so a multi-byte character is reported sensibly.
+        let found = text.chars().count();
+        if found != 2 * KEY_LEN {
+            return Err(KeyError::HexLength { found });
+        }
+        let mut bytes = [0u8; KEY_LEN];
+        hex::decode_to_slice(text, &mut bytes).map_err(|_| KeyError::NotHex)?;
+        Ok(MasterKey(bytes))
+    }
+
+    /// Wraps 32 raw bytes (e.g. the CLI's `--key-hex`, already decoded) as a master key.
+    pub fn from_bytes(bytes: [u8; KEY_LEN]) -> MasterKey {
+        MasterKey(bytes)
+    }
+
+    /// Draws a fresh key from the operating system's CSPRNG.
+    ///
+    /// # Panics
+    /// If the OS random source fails; there is no safe fallback for key material.
+    pub fn generate() -> MasterKey {
+        let mut bytes = [0u8; KEY_LEN];
+        OsRng.try_fill_bytes(&mut bytes).expect("operating system random source failed while generating a master key");
+        MasterKey(bytes)
+    }
+
+    /// Lower-case hex encoding; only for `cifpool keygen` and writing the dev key file.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Reads a key file holding 64 hex characters (a trailing newline is fine).
+    pub fn load_file(path: impl AsRef<Path>) -> Result<MasterKey, KeyError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| KeyError::Io { path: path.to_owned(), source })?;
+        MasterKey::from_hex(&text)
+    }
+
+    /// Generates a key and writes it to a new file with mode 0600; never overwrites.
+    ///
+    /// Fails with `ErrorKind::AlreadyExists` if the file exists, because silently
+    /// replacing a key would re-map every code already issued under it.
+    pub fn generate_into_file(path: impl AsRef<Path>) -> io::Result<MasterKey> {
+        let key = MasterKey::generate();
+        let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path.as_ref())?;
+        let mut line = key.to_hex().into_bytes();
+        line.push(b'\n');
+        let written = file.write_all(&line).and_then(|()| file.sync_all());
+        // Best effort: the hex copy is key material too.
+        wipe(&mut line);
+        written?;
+        Ok(key)
+    }
+
+    /// Loads the dev key file, creating it (mode 0600) if absent; `true` means it was just generated.
+    ///
+    /// Meant for local development only; production should use [`MasterKey::load_file`]
+    /// so that a missing key is an error rather than a brand-new key.
+    pub fn load_or_generate_dev(path: impl AsRef<Path>) -> Result<(MasterKey, bool), KeyError> {
+        let path = path.as_ref();
+        match MasterKey::generate_into_file(path) {
+            Ok(key) => Ok((key, true)),
+            // Also covers a concurrent process having created it between our checks.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => MasterKey::load_file(path).map(|k| (k, false)),
+            Err(source) => Err(KeyError::Io { path: path.to_owned(), source }),
+        }
+    }
+
+    /// Derives the key of one pool via HKDF-SHA256; distinct (pool, key_id) pairs give independent keys.
+    ///
+    /// The info string length-prefixes both fields, so ("ab", "c") and ("a", "bc")
+    /// cannot collide.
+    pub fn derive_pool_key(&self, pool_name: &str, key_id: &str) -> PoolKey {
+        let mut info = Vec::with_capacity(8 + pool_name.len() + key_id.len());
+        for part in [pool_name, key_id] {
+            // u32 lengths: names longer than 4 GiB are not a realistic input.
+            info.extend_from_slice(&(part.len() as u32).to_be_bytes());
+            info.extend_from_slice(part.as_bytes());
+        }
+        let hk = Hkdf::<Sha256>::new(Some(POOL_KEY_SALT), &self.0);
+        let mut okm = [0u8; KEY_LEN];
+        hk.expand(&info, &mut okm).expect("32 bytes is far below HKDF-SHA256's 8160-byte output limit");
+        PoolKey(okm)
+    }
+}
+
+impl Drop for MasterKey {
+    fn drop(&mut self) {
+        wipe(&mut self.0);
+    }
+}
+
+impl fmt::Debug for MasterKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MasterKey([redacted])")
+    }
+}
+
+impl PartialEq for MasterKey {
+    /// Constant-time, so comparing keys leaks nothing through timing.
+    fn eq(&self, other: &Self) -> bool {
+        self.0.ct_eq(&other.0).into()
+    }
+}
+
+impl Eq for MasterKey {}
+
+/// The 32-byte key of one pool; it keys the AES round function of that pool's permutation.
+#[derive(Clone)]
+pub struct PoolKey([u8; KEY_LEN]);
+
+impl PoolKey {
+    /// Wraps raw bytes; normally pool keys come from [`MasterKey::derive_pool_key`].
+    pub fn from_bytes(bytes: [u8; KEY_LEN]) -> PoolKey {
+        PoolKey(bytes)
+    }
+
+    /// Raw key bytes, kept crate-private so only the permutation can read them.
+    pub(crate) fn as_bytes(&self) -> &[u8; KEY_LEN] {
+        &self.0
+    }
+}
+
+impl Drop for PoolKey {
+    fn drop(&mut self) {
+        wipe(&mut self.0);
+    }
+}
+
+impl fmt::Debug for PoolKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PoolKey([redacted])")
+    }
+}
+
+impl PartialEq for PoolKey {
+    /// Constant-time, so comparing keys leaks nothing through timing.
+    fn eq(&self, other: &Self) -> bool {
+        self.0.ct_eq(&other.0).into()
+    }
+}
+
+impl Eq for PoolKey {}
