@@ -48,6 +48,88 @@ pub enum Command {
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Generate or inspect CIF codes offline (ops, audits, tests).
+    #[command(subcommand)]
+    Codes(CodesCommand),
+    /// Print a new random 256-bit master key in hex (for CIFPOOL_MASTER_KEY or a key file).
+    Keygen,
+}
+
+/// `cifpool codes …`
+#[derive(Debug, Subcommand)]
+pub enum CodesCommand {
+    /// Print the codes for counters START..START+COUNT, one per line.
+    Gen {
+        #[command(flatten)]
+        format: CodeArgs,
+        /// First counter.
+        #[arg(long, default_value_t = 0)]
+        start: u64,
+        /// How many codes.
+        #[arg(long)]
+        count: u64,
+    },
+    /// Print the counter a code was generated from, or why the code is malformed.
+    Inspect {
+        #[command(flatten)]
+        format: CodeArgs,
+        /// The code to inspect.
+        code: String,
+    },
+}
+
+/// Which permutation and format: from flags, or from a configured pool (`--pool`), flags winning.
+#[derive(Debug, Args)]
+pub struct CodeArgs {
+    /// Scrambled digits per code (6-18). Defaults to the pool's.
+    #[arg(long)]
+    pub digits: Option<u32>,
+    /// Leading digits (0-6). Defaults to the pool's, else none.
+    #[arg(long)]
+    pub prefix: Option<String>,
+    /// Check-digit scheme: damm, luhn, mod97 or none. Defaults to the pool's, else damm.
+    #[arg(long)]
+    pub check: Option<crate::code::check::CheckScheme>,
+    /// Master key in hex. Without it, the configured master key (CIFPOOL_MASTER_KEY, key file, dev key).
+    #[arg(long, value_name = "HEX")]
+    pub key_hex: Option<String>,
+    /// Key label of the pool. Defaults to the pool's, else "default".
+    #[arg(long)]
+    pub key_id: Option<String>,
+    /// Pool name (part of the key derivation); a configured pool also supplies format and key id.
+    #[arg(long, value_name = "NAME")]
+    pub pool: Option<String>,
+}
+
+impl CodeArgs {
+    /// Builds the codec these arguments describe.
+    pub fn codec(&self, settings: &Settings) -> anyhow::Result<crate::code::format::PoolCodec> {
+        use crate::code::format::{CodeFormat, PoolCodec};
+        let configured = match &self.pool {
+            Some(name) => settings.pool(name),
+            None => None,
+        };
+        if self.pool.is_some() && configured.is_none() && self.key_hex.is_none() {
+            anyhow::bail!(
+                "pool {:?} is not in the configuration; pass --key-hex and the format flags",
+                self.pool.as_deref().unwrap_or_default()
+            );
+        }
+        let digits = self
+            .digits
+            .or(configured.map(|p| p.digits))
+            .ok_or_else(|| anyhow::anyhow!("--digits is required unless --pool names a configured pool"))?;
+        let prefix = self.prefix.clone().or(configured.map(|p| p.prefix.clone())).unwrap_or_default();
+        let check = self.check.or(configured.map(|p| p.check)).unwrap_or_default();
+        let key_id = self.key_id.clone().or(configured.map(|p| p.key_id.clone())).unwrap_or_else(|| "default".into());
+        let pool_name = self.pool.clone().unwrap_or_else(|| "default".into());
+        let master = match &self.key_hex {
+            Some(hex) => crate::keys::MasterKey::from_hex(hex).context("--key-hex")?,
+            None => crate::startup::resolve_master_key(settings, false)?,
+        };
+        let format = CodeFormat::new(prefix, digits, check)?;
+        Ok(PoolCodec::new(format, &master.derive_pool_key(&pool_name, &key_id))?)
+    }
 }
 
 /// `cifpool config …`
@@ -102,6 +184,36 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 app.run_until(crate::startup::shutdown_signal()).await
             })?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Keygen => {
+            println!("{}", crate::keys::MasterKey::generate().to_hex());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Codes(CodesCommand::Gen { format, start, count }) => {
+            use std::io::Write;
+            let codec = format.codec(&settings)?;
+            let end = start.checked_add(count).filter(|&end| end <= codec.capacity()).ok_or_else(|| {
+                anyhow::anyhow!("counters {start}..{start}+{count} exceed the domain of {} codes", codec.capacity())
+            })?;
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            for counter in start..end {
+                writeln!(out, "{}", codec.encode(counter))?;
+            }
+            out.flush()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Codes(CodesCommand::Inspect { format, code }) => {
+            let codec = format.codec(&settings)?;
+            match codec.decode(code.trim()) {
+                Ok(counter) => {
+                    println!("{counter}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("error: invalid code {:?}: {e}", code.trim());
+                    Ok(ExitCode::FAILURE)
+                }
+            }
         }
         Command::Migrate => {
             crate::telemetry::init_logging(settings.log.format, &settings.log.level);

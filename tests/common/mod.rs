@@ -88,6 +88,8 @@ pub fn test_settings(db_url: &str) -> Settings {
     settings.database.url = Some(db_url.to_string().into());
     settings.database.max_connections = 8;
     settings.database.min_connections = 0;
+    // Generous: a loaded 2-core CI box must not turn queueing for a connection into 503s.
+    settings.database.acquire_timeout = std::time::Duration::from_secs(10);
     settings
 }
 
@@ -151,6 +153,56 @@ pub fn test_master_key() -> cifpool::keys::MasterKey {
 
 /// Hex of [`test_master_key`].
 pub const TEST_MASTER_KEY_HEX: &str = "5ec2e7000000000000000000000000000000000000000000000000000000c1f0";
+
+/// A pool definition for tests: small batches, schedules that never fire during a test (Feb 30th).
+pub fn test_pool(name: &str, prefix: &str) -> cifpool::config::PoolSettings {
+    cifpool::config::PoolSettings {
+        name: name.into(),
+        prefix: prefix.into(),
+        digits: 9,
+        check: cifpool::code::check::CheckScheme::Damm,
+        key_id: "test-1".into(),
+        low_watermark: 1000,
+        batch_size: 500,
+        max_batches_per_run: 4,
+        lease_ttl: std::time::Duration::from_secs(300),
+        refill_schedule: "0 0 0 30 2 *".into(),
+        reclaim_schedule: "0 0 0 30 2 *".into(),
+    }
+}
+
+/// Settings with the two test pools `individual` (prefix 1) and `business` (prefix 2).
+pub fn test_settings_with_pools(db_url: &str) -> Settings {
+    let mut settings = test_settings(db_url);
+    settings.pools = vec![test_pool("individual", "1"), test_pool("business", "2")];
+    settings.security.admin_token = Some(TEST_ADMIN_TOKEN.to_string().into());
+    settings
+}
+
+/// Admin bearer token of [`test_settings_with_pools`].
+pub const TEST_ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+/// HTTP only, no schedules or start-up refill: the test drives refill and reclaim itself.
+pub async fn spawn_passive_app(settings: Settings) -> TestApp {
+    cifpool::telemetry::init_logging(cifpool::config::LogFormat::Text, "warn");
+    let url = settings.database.url.clone().expect("tests use an explicit database url");
+    let pool = cifpool::db::pool(&settings.database, cifpool::db::options_from_url(&url).unwrap());
+    cifpool::db::migrate(&pool).await.unwrap();
+    let pools = cifpool::cif::Pools::reconcile(&pool, &settings.pools, &test_master_key()).await.expect("reconcile");
+    let state = AppState::new(pool, settings, pools);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let router = cifpool::http::app(state.clone());
+    let task = tokio::spawn(async move {
+        cifpool::http::serve(listener, router, async move {
+            let _ = rx.await;
+        })
+        .await?;
+        Ok(())
+    });
+    TestApp { base, client: reqwest::Client::new(), state, stop: Some(tx), task: Some(task) }
+}
 
 /// A fresh database and an app on it.
 pub async fn spawn_app() -> (TestApp, TestDb) {

@@ -1,0 +1,125 @@
+//! `cifpool codes gen`, `codes inspect` and `keygen` as ops run them.
+
+use std::io::Write;
+use std::process::{Command, Output};
+
+const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+fn cifpool(args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cifpool"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CIFPOOL_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.args(args).output().unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+#[test]
+fn gen_then_inspect_round_trips() {
+    let flags = ["--digits", "10", "--prefix", "77", "--check", "mod97", "--key-hex", KEY, "--pool", "retail"];
+    let codes = stdout(&cifpool(&[&["codes", "gen", "--start", "1000", "--count", "25"][..], &flags].concat()));
+    let codes: Vec<&str> = codes.lines().collect();
+    assert_eq!(codes.len(), 25);
+    for (i, code) in codes.iter().enumerate() {
+        assert_eq!(code.len(), 2 + 10 + 2, "{code}");
+        assert!(code.starts_with("77"));
+        let counter = stdout(&cifpool(&[&["codes", "inspect"][..], &flags, &[code]].concat()));
+        assert_eq!(counter.trim(), (1000 + i).to_string());
+    }
+}
+
+#[test]
+fn inspect_explains_malformed_codes() {
+    let flags = ["--digits", "9", "--prefix", "1", "--key-hex", KEY];
+    let code = stdout(&cifpool(&[&["codes", "gen", "--count", "1"][..], &flags].concat())).trim().to_string();
+    let mut typo = code.clone().into_bytes();
+    typo[4] = if typo[4] == b'0' { b'1' } else { b'0' };
+    let typo = String::from_utf8(typo).unwrap();
+    for (bad, expect) in [
+        (typo.as_str(), "check digit"),
+        ("12345", "must be 11 characters"),
+        ("1234567890x", "not a digit"),
+        ("91234567890", "prefix 1"),
+    ] {
+        let out = cifpool(&[&["codes", "inspect"][..], &flags, &[bad]].concat());
+        assert!(!out.status.success(), "{bad} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn gen_refuses_a_domain_overflow_and_bad_keys() {
+    let out = cifpool(&["codes", "gen", "--digits", "6", "--key-hex", KEY, "--start", "999999", "--count", "2"]);
+    assert!(!out.status.success());
+    let out = cifpool(&["codes", "gen", "--digits", "6", "--key-hex", "abcd", "--count", "1"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("key-hex") && !err.contains("abcd"), "names the flag, never echoes key material: {err}");
+    let out = cifpool(&["codes", "gen", "--digits", "5", "--key-hex", KEY, "--count", "1"]);
+    assert!(!out.status.success(), "10^5 is below the FPE minimum domain");
+}
+
+#[test]
+fn pool_from_config_matches_explicit_flags() {
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    write!(
+        f,
+        "[[pools]]\nname = \"sme\"\nprefix = \"4\"\ndigits = 8\ncheck = \"luhn\"\nkey_id = \"2027\"\nlow_watermark = 10\n\
+         batch_size = 10\nmax_batches_per_run = 1\nlease_ttl = \"1m\"\nrefill_schedule = \"*/15 * * * * *\"\n\
+         reclaim_schedule = \"*/30 * * * * *\"\n"
+    )
+    .unwrap();
+    let config = f.path().to_str().unwrap();
+    let via_pool =
+        stdout(&cifpool(&["--config", config, "codes", "gen", "--pool", "sme", "--key-hex", KEY, "--count", "5"]));
+    let via_flags = stdout(&cifpool(&[
+        "codes",
+        "gen",
+        "--pool",
+        "sme",
+        "--key-hex",
+        KEY,
+        "--digits",
+        "8",
+        "--prefix",
+        "4",
+        "--check",
+        "luhn",
+        "--key-id",
+        "2027",
+        "--count",
+        "5",
+    ]));
+    assert_eq!(via_pool, via_flags);
+    let other_key_id = stdout(&cifpool(&[
+        "--config",
+        config,
+        "codes",
+        "gen",
+        "--pool",
+        "sme",
+        "--key-hex",
+        KEY,
+        "--key-id",
+        "2028",
+        "--count",
+        "5",
+    ]));
+    assert_ne!(via_pool, other_key_id, "the key id re-keys the pool");
+}
+
+#[test]
+fn keygen_prints_fresh_256_bit_keys() {
+    let a = stdout(&cifpool(&["keygen"]));
+    let b = stdout(&cifpool(&["keygen"]));
+    assert_eq!(a.trim().len(), 64);
+    assert!(a.trim().chars().all(|c| c.is_ascii_hexdigit()));
+    assert_ne!(a, b);
+}
