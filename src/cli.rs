@@ -53,6 +53,69 @@ pub enum Command {
     Codes(CodesCommand),
     /// Print a new random 256-bit master key in hex (for CIFPOOL_MASTER_KEY or a key file).
     Keygen,
+    /// Run a stand-in SMS/push provider (latency, errors, hangs; counts deliveries per key).
+    FakeProvider {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9101")]
+        listen: SocketAddr,
+        #[command(flatten)]
+        behaviour: crate::queue::fake_provider::FakeBehaviour,
+    },
+    /// Dead-letter queue (connects to the database directly; with the embedded database while
+    /// `serve` runs, use the /admin/dlq endpoints instead).
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+/// `cifpool dlq …`
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// List dead jobs, oldest first.
+    List {
+        #[command(flatten)]
+        filter: DlqArgs,
+        /// Most rows to print.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Put dead jobs back in the queue at a bounded rate.
+    Replay {
+        #[command(flatten)]
+        filter: DlqArgs,
+        /// Most jobs to replay.
+        #[arg(long)]
+        max: i64,
+        /// Jobs per second they become due at.
+        #[arg(long, default_value_t = 10.0)]
+        rate: f64,
+        /// Extra attempts each job gets.
+        #[arg(long, default_value_t = 1)]
+        extra_attempts: i32,
+    },
+}
+
+/// Dead-letter filter flags.
+#[derive(Debug, Args)]
+pub struct DlqArgs {
+    /// Only this class.
+    #[arg(long)]
+    pub class: Option<String>,
+    /// Only this tenant.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only jobs whose last error contains this text.
+    #[arg(long)]
+    pub error: Option<String>,
+}
+
+impl DlqArgs {
+    fn filter(&self) -> crate::queue::dlq::DlqFilter {
+        crate::queue::dlq::DlqFilter {
+            class: self.class.clone(),
+            tenant: self.tenant.clone(),
+            error: self.error.clone(),
+        }
+    }
 }
 
 /// `cifpool codes …`
@@ -215,6 +278,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        Command::FakeProvider { listen, behaviour } => {
+            crate::telemetry::init_logging(settings.log.format, &settings.log.level);
+            runtime()?.block_on(async {
+                let listener =
+                    tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+                tracing::info!(addr = %listener.local_addr()?, ?behaviour, "fake provider listening");
+                let fake = crate::queue::fake_provider::FakeProvider::new(behaviour);
+                crate::queue::fake_provider::serve(fake, listener, crate::startup::shutdown_signal()).await?;
+                anyhow::Ok(())
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dlq(command) => {
+            crate::telemetry::init_logging(settings.log.format, "warn");
+            runtime()?.block_on(async {
+                let database = Database::open(&settings).await?;
+                let result = run_dlq(&database.pool, command).await;
+                database.close().await;
+                result
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Migrate => {
             crate::telemetry::init_logging(settings.log.format, &settings.log.level);
             runtime()?.block_on(async {
@@ -232,4 +317,25 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")
+}
+
+async fn run_dlq(db: &sqlx::PgPool, command: DlqCommand) -> anyhow::Result<()> {
+    use crate::queue::dlq;
+    match command {
+        DlqCommand::List { filter, limit } => {
+            for job in dlq::list(db, &filter.filter(), limit).await? {
+                println!("{}", serde_json::to_string(&job)?);
+            }
+        }
+        DlqCommand::Replay { filter, max, rate, extra_attempts } => {
+            anyhow::ensure!(
+                rate > 0.0 && max >= 1 && extra_attempts >= 1,
+                "need --rate > 0, --max >= 1, --extra-attempts >= 1"
+            );
+            let n = dlq::replay(db, &dlq::Replay { filter: filter.filter(), max, rate_per_sec: rate, extra_attempts })
+                .await?;
+            println!("replayed {n} jobs at {rate}/s");
+        }
+    }
+    Ok(())
 }

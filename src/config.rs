@@ -52,6 +52,117 @@ pub struct Settings {
     /// CIF pools, one per customer type (`[[pools]]`).
     #[serde(default)]
     pub pools: Vec<PoolSettings>,
+    /// Notification queue.
+    pub queue: QueueSettings,
+}
+
+/// `[queue]`: the notification queue, its classes, worker groups and providers.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSettings {
+    /// Run the workers in `cifpool serve` (the enqueue API is always on).
+    pub workers_enabled: bool,
+    /// Strategy preset used when `groups` is empty.
+    pub strategy: crate::queue::policy::Strategy,
+    /// Total workers of the preset.
+    pub workers: usize,
+    /// Workers reserved for `urgent_classes` (bulkhead and floor-borrow presets).
+    pub reserved: usize,
+    /// Classes the reserved workers serve.
+    pub urgent_classes: Vec<String>,
+    /// Explicit groups; when non-empty they replace the preset.
+    #[serde(default)]
+    pub groups: Vec<crate::queue::policy::GroupPolicy>,
+    /// Longest sleep of an idle claimer between polls (NOTIFY usually wakes it sooner).
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Most jobs one claim statement takes for a group's idle workers.
+    pub claim_batch: usize,
+    /// Lease of a claimed job; must exceed the slowest provider timeout (heartbeats extend it).
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// Cron of the maintenance sweep (expired leases, overdue jobs).
+    pub sweep_schedule: String,
+    /// What intake does for a class whose predicted wait exceeds its target: `reject` (429) or
+    /// `defer` (accept with `run_after` pushed back by the predicted wait).
+    pub overload: OverloadMode,
+    /// Largest batch accepted by `POST /v1/notifications/batch`.
+    pub max_batch: usize,
+    /// Body limit of the batch endpoint, in bytes.
+    pub batch_body_limit_bytes: usize,
+    /// Tenant weights for fair turns (default 1; a tier may weigh more).
+    #[serde(default)]
+    pub tenant_weights: std::collections::BTreeMap<String, f64>,
+    /// Message classes.
+    pub classes: Vec<ClassSettings>,
+    /// Providers by name.
+    pub providers: std::collections::BTreeMap<String, ProviderSettings>,
+}
+
+/// Intake behaviour under overload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OverloadMode {
+    /// Answer 429 with `Retry-After`.
+    Reject,
+    /// Accept, scheduled after the predicted wait.
+    Defer,
+}
+
+/// `[[queue.classes]]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassSettings {
+    /// Class name, e.g. `otp`.
+    pub name: String,
+    /// 0 = most urgent.
+    pub priority: i16,
+    /// Provider name (a key of `[queue.providers]`).
+    pub provider: String,
+    /// Attempts before a job goes to the dead-letter queue.
+    pub max_attempts: u32,
+    /// A job not sent within this time after creation expires instead (unset: no deadline).
+    #[serde(default, with = "humantime_serde")]
+    pub deadline: Option<Duration>,
+    /// First retry delay; doubles per attempt, capped, with full jitter.
+    #[serde(with = "humantime_serde")]
+    pub backoff_base: Duration,
+    /// Largest retry delay.
+    #[serde(with = "humantime_serde")]
+    pub backoff_cap: Duration,
+    /// Intake sheds this class when the predicted wait exceeds it (unset: always accepted).
+    #[serde(default, with = "humantime_serde")]
+    pub target_wait: Option<Duration>,
+    /// Most jobs of one tenant in flight at once in this class.
+    pub tenant_inflight_cap: u32,
+}
+
+/// Provider kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderKind {
+    /// JSON over HTTP (`POST {url}/send`); `cifpool fake-provider` speaks it.
+    Http,
+    /// Accepts everything and sends nothing (development only; logged loudly).
+    Noop,
+}
+
+/// `[queue.providers.NAME]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSettings {
+    /// Kind.
+    pub kind: ProviderKind,
+    /// Base URL (http).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Per-call timeout.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Concurrency ceiling (the provider's real capacity).
+    pub max_concurrency: u32,
+    /// Concurrency floor the adaptive limit never cuts below.
+    pub min_concurrency: u32,
 }
 
 /// `[[pools]]`: one customer type's code pool.
@@ -272,7 +383,8 @@ impl Settings {
         {
             return invalid("security.admin_token", "must be at least 16 characters");
         }
-        self.validate_pools()
+        self.validate_pools()?;
+        self.validate_queue()
     }
 
     fn validate_pools(&self) -> Result<(), ConfigError> {
@@ -338,6 +450,70 @@ impl Settings {
                 ));
             }
             formats.push(format);
+        }
+        Ok(())
+    }
+
+    fn validate_queue(&self) -> Result<(), ConfigError> {
+        let q = &self.queue;
+        let invalid = |key: String, message: String| Err(ConfigError::Invalid { key, message });
+        if q.classes.is_empty() {
+            return invalid("queue.classes".into(), "at least one class is required".into());
+        }
+        for (i, c) in q.classes.iter().enumerate() {
+            if c.name.is_empty() || q.classes[..i].iter().any(|o| o.name == c.name) {
+                return invalid(format!("queue.classes[{i}].name"), "must be non-empty and unique".into());
+            }
+            if !q.providers.contains_key(&c.provider) {
+                return invalid(format!("queue.classes[{i}].provider"), format!("no provider named {:?}", c.provider));
+            }
+            if c.max_attempts == 0 {
+                return invalid(format!("queue.classes[{i}].max_attempts"), "must be at least 1".into());
+            }
+            if c.backoff_base.is_zero() || c.backoff_cap < c.backoff_base {
+                return invalid(
+                    format!("queue.classes[{i}].backoff_cap"),
+                    "needs 0 < backoff_base <= backoff_cap".into(),
+                );
+            }
+            if c.tenant_inflight_cap == 0 {
+                return invalid(format!("queue.classes[{i}].tenant_inflight_cap"), "must be at least 1".into());
+            }
+        }
+        for (name, p) in &q.providers {
+            if p.kind == ProviderKind::Http && p.url.as_deref().is_none_or(|u| !u.starts_with("http")) {
+                return invalid(format!("queue.providers.{name}.url"), "an http provider needs an http(s) URL".into());
+            }
+            if p.min_concurrency == 0 || p.min_concurrency > p.max_concurrency {
+                return invalid(
+                    format!("queue.providers.{name}.min_concurrency"),
+                    "needs 1 <= min <= max_concurrency".into(),
+                );
+            }
+            if p.timeout >= q.lease {
+                return invalid(format!("queue.providers.{name}.timeout"), "must be shorter than queue.lease".into());
+            }
+        }
+        for (i, g) in q.groups.iter().enumerate() {
+            if g.size == 0 {
+                return invalid(format!("queue.groups[{i}].size"), "must be at least 1".into());
+            }
+            if let Some(c) = g.classes.iter().find(|c| !q.classes.iter().any(|k| &k.name == *c)) {
+                return invalid(format!("queue.groups[{i}].classes"), format!("unknown class {c:?}"));
+            }
+        }
+        if q.groups.is_empty() && (q.workers == 0 || q.reserved > q.workers) {
+            return invalid("queue.reserved".into(), "needs 0 <= reserved <= workers and workers >= 1".into());
+        }
+        if let Some(c) = q.urgent_classes.iter().find(|c| !q.classes.iter().any(|k| &k.name == *c)) {
+            return invalid("queue.urgent_classes".into(), format!("unknown class {c:?}"));
+        }
+        if q.claim_batch == 0 || q.max_batch == 0 {
+            return invalid("queue.claim_batch".into(), "claim_batch and max_batch must be at least 1".into());
+        }
+        crate::schedule::validate_cron(&q.sweep_schedule).or_else(|e| invalid("queue.sweep_schedule".into(), e))?;
+        if let Some((t, w)) = q.tenant_weights.iter().find(|(_, w)| !(**w > 0.0 && w.is_finite())) {
+            return invalid(format!("queue.tenant_weights.{t}"), format!("{w} must be a positive number"));
         }
         Ok(())
     }

@@ -23,6 +23,7 @@ pub mod config;
 pub mod db;
 pub mod http;
 pub mod keys;
+pub mod queue;
 pub mod schedule;
 pub mod startup;
 pub mod state;

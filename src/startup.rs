@@ -128,8 +128,11 @@ impl Application {
         let http = tokio::spawn(crate::http::serve(listener, router, stop.clone().cancelled_owned()));
         let scheduler = tokio_cron_scheduler::JobScheduler::new().await?;
         crate::cif::jobs::schedule(&scheduler, &state).await?;
+        crate::queue::maintenance::schedule(&scheduler, &state).await?;
         scheduler.start().await?;
-        let gauges = tokio::spawn(crate::cif::jobs::gauges_loop(state.clone(), stop.clone()));
+        let mut background = tokio::task::JoinSet::new();
+        background.spawn(crate::cif::jobs::gauges_loop(state.clone(), stop.clone()));
+        crate::queue::maintenance::spawn(&state, &stop, &mut background);
         // Fill pools right away rather than at the first tick (a fresh install starts empty).
         for pool in state.pools.iter() {
             crate::cif::jobs::after_claim(&state, pool);
@@ -142,7 +145,10 @@ impl Application {
         if let Err(e) = scheduler.shutdown().await {
             tracing::warn!(error = %e, "stopping the scheduler");
         }
-        let _ = gauges.await;
+        // Worker groups finish or hand back their in-flight sends within the grace period.
+        if tokio::time::timeout(grace, async { while background.join_next().await.is_some() {} }).await.is_err() {
+            tracing::warn!("background work outlived the grace period");
+        }
         match tokio::time::timeout(grace, http).await {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(e))) => tracing::error!(error = %e, "http server error"),

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod cif;
 pub mod error;
 pub mod health;
+pub mod notifications;
 
 use std::future::Future;
 use std::time::Instant;
@@ -36,12 +37,18 @@ pub fn app(state: AppState) -> Router {
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(middleware::from_fn(record_metrics))
         .layer(middleware::map_response(error::problem_for_plain_errors))
-        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, server.request_timeout))
-        .layer(RequestBodyLimitLayer::new(server.body_limit_bytes));
-    Router::new()
+        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, server.request_timeout));
+    let ordinary = Router::new()
         .merge(health::router())
         .merge(cif::router())
         .merge(admin::router())
+        .merge(notifications::router())
+        .layer(RequestBodyLimitLayer::new(server.body_limit_bytes));
+    let bulk =
+        notifications::batch_router().layer(RequestBodyLimitLayer::new(state.settings.queue.batch_body_limit_bytes));
+    Router::new()
+        .merge(ordinary)
+        .merge(bulk)
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .layer(middleware)
         .with_state(state)

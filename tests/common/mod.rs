@@ -223,3 +223,29 @@ pub async fn assert_problem(response: reqwest::Response, status: u16) -> serde_j
     }
     body
 }
+
+/// An in-process fake provider on port 0.
+pub struct FakeServer {
+    /// Its state (behaviour, delivery counts).
+    pub fake: std::sync::Arc<cifpool::queue::fake_provider::FakeProvider>,
+    /// Base URL.
+    pub url: String,
+}
+
+/// Starts a fake provider for the rest of the test.
+pub async fn fake_server(behaviour: cifpool::queue::fake_provider::FakeBehaviour) -> FakeServer {
+    let fake = cifpool::queue::fake_provider::FakeProvider::new(behaviour);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(cifpool::queue::fake_provider::serve(fake.clone(), listener, std::future::pending()));
+    FakeServer { fake, url }
+}
+
+/// Points the `sms` and `push` providers of `settings` at two fake servers.
+pub fn use_fake_providers(settings: &mut Settings, sms: &FakeServer, push: &FakeServer) {
+    for (name, server) in [("sms", sms), ("push", push)] {
+        let p = settings.queue.providers.get_mut(name).expect("default providers exist");
+        p.kind = cifpool::config::ProviderKind::Http;
+        p.url = Some(server.url.clone());
+    }
+}

@@ -1,0 +1,257 @@
+//! Intake: validation, backpressure, weighted-fair keys, and (bulk) inserts.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+use sqlx::PgPool;
+
+use crate::config::OverloadMode;
+use crate::queue::stats::QueueStats;
+use crate::queue::worker::QueueRuntime;
+
+/// Longest recipient.
+pub const MAX_RECIPIENT: usize = 256;
+/// Longest tenant name / idempotency key.
+pub const MAX_LABEL: usize = 128;
+/// Rows per INSERT … SELECT FROM unnest statement of a batch.
+const CHUNK: usize = 50_000;
+
+/// A message to enqueue.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NewJob {
+    /// Class, e.g. `otp`.
+    pub class: String,
+    /// Tenant (the product or customer the message belongs to).
+    pub tenant: String,
+    /// Phone number, device token, ….
+    pub recipient: String,
+    /// Message body / template data.
+    #[serde(default)]
+    pub payload: serde_json::Value,
+    /// Same key (per tenant) again returns the existing job.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+/// Why a job was refused at intake (422).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+impl NewJob {
+    /// Checks the job against the configured classes.
+    pub fn validate(&self, rt: &QueueRuntime) -> Result<(), Invalid> {
+        if !rt.classes.contains_key(&self.class) {
+            let known: Vec<&str> = rt.classes.keys().map(String::as_str).collect();
+            return Err(Invalid(format!("unknown class {:?}; known classes: {}", self.class, known.join(", "))));
+        }
+        if self.recipient.trim().is_empty() || self.recipient.len() > MAX_RECIPIENT {
+            return Err(Invalid(format!("recipient must be 1 to {MAX_RECIPIENT} characters")));
+        }
+        if self.tenant.trim().is_empty() || self.tenant.len() > MAX_LABEL {
+            return Err(Invalid(format!("tenant must be 1 to {MAX_LABEL} characters")));
+        }
+        if self.idempotency_key.as_ref().is_some_and(|k| k.is_empty() || k.len() > MAX_LABEL) {
+            return Err(Invalid(format!("idempotency_key must be 1 to {MAX_LABEL} characters")));
+        }
+        Ok(())
+    }
+}
+
+/// Intake's decision for a class.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Admission {
+    /// Take it now.
+    Accept,
+    /// Take it, scheduled after this delay (`overload = "defer"`).
+    Defer(Duration),
+    /// Refuse: come back after this long (429).
+    Reject(Duration),
+}
+
+/// Decides whether `class` is accepted, from its predicted wait (pending ahead / recent drain rate)
+/// against its `target_wait`. Classes without a target (OTP) are always accepted.
+pub fn admit(rt: &QueueRuntime, stats: &QueueStats, class: &str) -> Admission {
+    let Some(target) = rt.classes.get(class).and_then(|c| c.settings.target_wait) else {
+        return Admission::Accept;
+    };
+    let Some(predicted) = stats.predicted_wait(class) else { return Admission::Accept };
+    if predicted <= target {
+        return Admission::Accept;
+    }
+    match rt.settings.overload {
+        OverloadMode::Reject => Admission::Reject((predicted - target).max(Duration::from_secs(1))),
+        OverloadMode::Defer => Admission::Defer(predicted - target),
+    }
+}
+
+fn weight(rt: &QueueRuntime, tenant: &str) -> f64 {
+    rt.settings.tenant_weights.get(tenant).copied().unwrap_or(1.0)
+}
+
+/// Reserves `count` fair keys for `tenant` at `priority`: the tenant's clock moves on by
+/// `count / weight`, starting no earlier than the oldest key still waiting at that priority (so a
+/// tenant returning after a pause does not jump the whole queue with stale credit). Returns the first
+/// key and the step.
+async fn reserve_fair_keys(
+    tx: &mut sqlx::PgConnection,
+    priority: i16,
+    tenant: &str,
+    count: usize,
+    weight: f64,
+) -> Result<(f64, f64), sqlx::Error> {
+    let step = 1.0 / weight;
+    let end: f64 = sqlx::query_scalar(
+        "WITH vt AS (SELECT coalesce(min(fair_key), 0) AS v FROM notification_jobs \
+                     WHERE priority = $1 AND status IN ('pending', 'failed-retrying')) \
+         INSERT INTO notification_tenant_clock AS c (priority, tenant, last_key) \
+         SELECT $1, $2, vt.v + $3 FROM vt \
+         ON CONFLICT (priority, tenant) DO UPDATE \
+            SET last_key = greatest(c.last_key, (SELECT v FROM vt)) + $3 \
+         RETURNING last_key",
+    )
+    .bind(priority)
+    .bind(tenant)
+    .bind(step * count as f64)
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok((end - step * count as f64 + step, step))
+}
+
+/// Result of [`enqueue_one`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    /// Job id.
+    pub id: i64,
+    /// False when the idempotency key matched an existing job.
+    pub created: bool,
+}
+
+/// Inserts one job (validated by the caller), `delay` after now.
+pub async fn enqueue_one(
+    db: &PgPool,
+    rt: &QueueRuntime,
+    job: &NewJob,
+    delay: Duration,
+) -> Result<Enqueued, sqlx::Error> {
+    let class = &rt.classes[&job.class].settings;
+    if let Some(key) = &job.idempotency_key {
+        let existing: Option<i64> =
+            sqlx::query_scalar("SELECT id FROM notification_jobs WHERE tenant = $1 AND idempotency_key = $2")
+                .bind(&job.tenant)
+                .bind(key)
+                .fetch_optional(db)
+                .await?;
+        if let Some(id) = existing {
+            return Ok(Enqueued { id, created: false });
+        }
+    }
+    let mut tx = db.begin().await?;
+    let (fair_key, _) = reserve_fair_keys(&mut tx, class.priority, &job.tenant, 1, weight(rt, &job.tenant)).await?;
+    let id: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO notification_jobs \
+            (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, idempotency_key) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8::float8 * interval '1 second', \
+                 clock_timestamp() + $9::float8 * interval '1 second', $10) \
+         ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING id",
+    )
+    .bind(&job.class)
+    .bind(class.priority)
+    .bind(&job.tenant)
+    .bind(fair_key)
+    .bind(&job.recipient)
+    .bind(&job.payload)
+    .bind(class.max_attempts as i32)
+    .bind(delay.as_secs_f64())
+    .bind(class.deadline.map(|d| d.as_secs_f64()))
+    .bind(&job.idempotency_key)
+    .fetch_optional(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    match id {
+        Some(id) => Ok(Enqueued { id, created: true }),
+        // Lost a race with the same key: return the winner.
+        None => {
+            let id = sqlx::query_scalar("SELECT id FROM notification_jobs WHERE tenant = $1 AND idempotency_key = $2")
+                .bind(&job.tenant)
+                .bind(&job.idempotency_key)
+                .fetch_one(db)
+                .await?;
+            Ok(Enqueued { id, created: false })
+        }
+    }
+}
+
+/// Inserts many validated jobs in one transaction with array binds (`INSERT … SELECT FROM unnest`),
+/// fair keys reserved once per (priority, tenant). Jobs whose idempotency key exists are skipped.
+/// Returns how many rows were inserted.
+pub async fn enqueue_batch(
+    db: &PgPool,
+    rt: &QueueRuntime,
+    jobs: &[NewJob],
+    delay: Duration,
+) -> Result<u64, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    // Fair keys: a contiguous run per (priority, tenant), in request order.
+    let mut groups: BTreeMap<(i16, &str), Vec<usize>> = BTreeMap::new();
+    for (i, job) in jobs.iter().enumerate() {
+        groups.entry((rt.classes[&job.class].settings.priority, job.tenant.as_str())).or_default().push(i);
+    }
+    let mut keys = vec![0.0f64; jobs.len()];
+    for ((priority, tenant), members) in &groups {
+        let (first, step) = reserve_fair_keys(&mut tx, *priority, tenant, members.len(), weight(rt, tenant)).await?;
+        for (n, &i) in members.iter().enumerate() {
+            keys[i] = first + step * n as f64;
+        }
+    }
+    let mut inserted = 0;
+    for (chunk_no, chunk) in jobs.chunks(CHUNK).enumerate() {
+        let offset = chunk_no * CHUNK;
+        let mut class = Vec::with_capacity(chunk.len());
+        let mut priority = Vec::with_capacity(chunk.len());
+        let mut tenant = Vec::with_capacity(chunk.len());
+        let mut fair = Vec::with_capacity(chunk.len());
+        let mut recipient = Vec::with_capacity(chunk.len());
+        let mut payload = Vec::with_capacity(chunk.len());
+        let mut attempts = Vec::with_capacity(chunk.len());
+        let mut deadline = Vec::with_capacity(chunk.len());
+        let mut key = Vec::with_capacity(chunk.len());
+        for (i, job) in chunk.iter().enumerate() {
+            let c = &rt.classes[&job.class].settings;
+            class.push(job.class.as_str());
+            priority.push(c.priority);
+            tenant.push(job.tenant.as_str());
+            fair.push(keys[offset + i]);
+            recipient.push(job.recipient.as_str());
+            payload.push(&job.payload);
+            attempts.push(c.max_attempts as i32);
+            deadline.push(c.deadline.map(|d| d.as_secs_f64()));
+            key.push(job.idempotency_key.as_deref());
+        }
+        let done = sqlx::query(
+            "INSERT INTO notification_jobs \
+                (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, idempotency_key) \
+             SELECT c, p, t, f, r, pl, a, now() + $10::float8 * interval '1 second', \
+                    clock_timestamp() + d * interval '1 second', k \
+             FROM unnest($1::text[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::jsonb[], $7::int4[], \
+                         $8::float8[], $9::text[]) AS u(c, p, t, f, r, pl, a, d, k) \
+             ON CONFLICT (tenant, idempotency_key) DO NOTHING",
+        )
+        .bind(&class)
+        .bind(&priority)
+        .bind(&tenant)
+        .bind(&fair)
+        .bind(&recipient)
+        .bind(&payload)
+        .bind(&attempts)
+        .bind(&deadline)
+        .bind(&key)
+        .bind(delay.as_secs_f64())
+        .execute(&mut *tx)
+        .await?;
+        inserted += done.rows_affected();
+    }
+    tx.commit().await?;
+    Ok(inserted)
+}

@@ -1,0 +1,164 @@
+//! Scheduling policy: which worker group may take which class of message, and in which order.
+//!
+//! This is the one piece of scheduling logic in cifpool. The real worker groups turn it into their
+//! claim SQL ([`GroupPolicy::sql_classes`], [`GroupPolicy::sql_order_by`]); the lab runs those real
+//! groups; the simulator orders its in-memory queue with [`GroupPolicy::sort_key`] and filters with
+//! [`GroupPolicy::takes`]. A change here changes all three together.
+//!
+//! The four strategies of the brief are presets over the same two knobs (classes, order):
+//!
+//! | strategy | groups |
+//! |---|---|
+//! | `fifo` | one group, every class, `ORDER BY id` |
+//! | `priority` (A) | one group, every class, `ORDER BY priority, …` |
+//! | `bulkhead` (B) | a reserved group taking only the urgent classes; the rest never take them |
+//! | `floor-borrow` (C) | a reserved urgent-only floor; the rest take every class by priority |
+
+use serde::{Deserialize, Serialize};
+
+/// Order in which a group claims eligible jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClaimOrder {
+    /// Oldest first, whatever the class: the baseline that buries OTPs behind a promo batch.
+    Fifo,
+    /// Lowest priority number first; within a priority, tenants take weighted turns (`fair_key`),
+    /// then oldest first.
+    Priority,
+}
+
+/// A strategy preset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// One FIFO group.
+    Fifo,
+    /// A: one group claiming by priority.
+    Priority,
+    /// B: reserved urgent-only group + a group that never takes urgent classes.
+    Bulkhead,
+    /// C: reserved urgent-only floor + a shared group taking everything by priority.
+    FloorBorrow,
+}
+
+impl Strategy {
+    /// All four, in the brief's order.
+    pub const ALL: [Strategy; 4] = [Strategy::Fifo, Strategy::Priority, Strategy::Bulkhead, Strategy::FloorBorrow];
+
+    /// Kebab-case name (`floor-borrow`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Fifo => "fifo",
+            Strategy::Priority => "priority",
+            Strategy::Bulkhead => "bulkhead",
+            Strategy::FloorBorrow => "floor-borrow",
+        }
+    }
+
+    /// The worker groups of this strategy for `workers` workers of which `reserved` serve only
+    /// `urgent` classes (ignored by `fifo` and `priority`), over the classes `all`.
+    pub fn groups(self, workers: usize, reserved: usize, urgent: &[String], all: &[String]) -> Vec<GroupPolicy> {
+        let reserved = reserved.min(workers);
+        let non_urgent: Vec<String> = all.iter().filter(|c| !urgent.contains(c)).cloned().collect();
+        let group = |name: &str, size: usize, classes: Vec<String>, order: ClaimOrder| GroupPolicy {
+            name: name.to_string(),
+            size,
+            classes,
+            order,
+        };
+        match self {
+            Strategy::Fifo => vec![group("shared", workers, all.to_vec(), ClaimOrder::Fifo)],
+            Strategy::Priority => vec![group("shared", workers, all.to_vec(), ClaimOrder::Priority)],
+            Strategy::Bulkhead => vec![
+                group("reserved", reserved, urgent.to_vec(), ClaimOrder::Priority),
+                group("bulk", workers - reserved, non_urgent, ClaimOrder::Priority),
+            ],
+            Strategy::FloorBorrow => vec![
+                group("floor", reserved, urgent.to_vec(), ClaimOrder::Priority),
+                group("shared", workers - reserved, all.to_vec(), ClaimOrder::Priority),
+            ],
+        }
+    }
+}
+
+/// One worker group's policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupPolicy {
+    /// Group name (metrics label).
+    pub name: String,
+    /// Concurrent workers.
+    pub size: usize,
+    /// Classes this group may claim.
+    pub classes: Vec<String>,
+    /// Claim order.
+    pub order: ClaimOrder,
+}
+
+/// What the policy needs to know about a waiting job.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JobKey {
+    /// Insertion order.
+    pub id: i64,
+    /// 0 = most urgent.
+    pub priority: i16,
+    /// Weighted-fair position among tenants of the same class.
+    pub fair_key: f64,
+}
+
+impl GroupPolicy {
+    /// Whether this group may claim `class`.
+    pub fn takes(&self, class: &str) -> bool {
+        self.classes.iter().any(|c| c == class)
+    }
+
+    /// Sort key: a group claims the eligible job with the smallest key first.
+    pub fn sort_key(&self, job: &JobKey) -> (i16, f64, i64) {
+        match self.order {
+            ClaimOrder::Fifo => (0, 0.0, job.id),
+            ClaimOrder::Priority => (job.priority, job.fair_key, job.id),
+        }
+    }
+
+    /// The same order as SQL, matching the claim index.
+    pub fn sql_order_by(&self) -> &'static str {
+        match self.order {
+            ClaimOrder::Fifo => "id",
+            ClaimOrder::Priority => "priority, fair_key, id",
+        }
+    }
+
+    /// Classes as a bind parameter for `class = ANY($n)`.
+    pub fn sql_classes(&self) -> Vec<String> {
+        self.classes.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classes() -> (Vec<String>, Vec<String>) {
+        (vec!["otp".into()], vec!["otp".into(), "transactional".into(), "promo".into()])
+    }
+
+    #[test]
+    fn bulkhead_keeps_urgent_and_bulk_apart() {
+        let (urgent, all) = classes();
+        let g = Strategy::Bulkhead.groups(20, 6, &urgent, &all);
+        assert_eq!((g[0].size, g[1].size), (6, 14));
+        assert!(g[0].takes("otp") && !g[0].takes("promo"));
+        assert!(!g[1].takes("otp") && g[1].takes("promo"));
+    }
+
+    #[test]
+    fn floor_borrow_shared_group_takes_everything_by_priority() {
+        let (urgent, all) = classes();
+        let g = Strategy::FloorBorrow.groups(20, 6, &urgent, &all);
+        assert!(g[1].takes("otp") && g[1].takes("promo"));
+        let promo_old = JobKey { id: 1, priority: 2, fair_key: 0.0 };
+        let otp_new = JobKey { id: 500_001, priority: 0, fair_key: 9.0 };
+        assert!(g[1].sort_key(&otp_new) < g[1].sort_key(&promo_old));
+        let fifo = &Strategy::Fifo.groups(20, 6, &urgent, &all)[0];
+        assert!(fifo.sort_key(&promo_old) < fifo.sort_key(&otp_new), "FIFO serves the older promo first");
+    }
+}

@@ -1,0 +1,95 @@
+//! Queue depth per class: the gauges (age of the oldest waiting job is the main signal) and the
+//! numbers intake backpressure predicts waits from.
+
+use std::collections::BTreeMap;
+use std::sync::RwLock;
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::queue::worker::QueueRuntime;
+
+/// Window over which the drain rate is measured.
+pub const DRAIN_WINDOW: Duration = Duration::from_secs(30);
+
+/// One class's numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ClassStats {
+    /// Jobs waiting (pending or retrying).
+    pub pending: u64,
+    /// Age of the oldest waiting job, seconds.
+    pub oldest_age_s: f64,
+    /// Jobs finished per second over the last [`DRAIN_WINDOW`].
+    pub drain_per_s: f64,
+    /// Dead-lettered jobs.
+    pub dead: u64,
+}
+
+/// The latest snapshot, refreshed by the maintenance loop.
+#[derive(Debug, Default)]
+pub struct QueueStats {
+    classes: RwLock<BTreeMap<String, ClassStats>>,
+}
+
+impl QueueStats {
+    /// Snapshot of one class.
+    pub fn get(&self, class: &str) -> Option<ClassStats> {
+        self.classes.read().expect("stats lock").get(class).copied()
+    }
+
+    /// Replaces one class's numbers (refresh, tests).
+    pub fn set(&self, class: &str, stats: ClassStats) {
+        self.classes.write().expect("stats lock").insert(class.to_string(), stats);
+    }
+
+    /// Predicted wait of a job enqueued now: pending ahead / drain rate, and never less than the
+    /// age of the oldest waiting job (which also covers a stalled queue with no drain at all).
+    /// `None` before the first refresh.
+    pub fn predicted_wait(&self, class: &str) -> Option<Duration> {
+        let s = self.get(class)?;
+        if s.pending == 0 {
+            return Some(Duration::ZERO);
+        }
+        let by_rate = if s.drain_per_s > 0.0 { s.pending as f64 / s.drain_per_s } else { 0.0 };
+        Some(Duration::from_secs_f64(by_rate.max(s.oldest_age_s)))
+    }
+
+    /// Reads every class's numbers from the database and publishes the gauges.
+    pub async fn refresh(&self, db: &PgPool, rt: &QueueRuntime) -> Result<(), sqlx::Error> {
+        let waiting: Vec<(String, i64, f64)> = sqlx::query_as(
+            "SELECT class, count(*), coalesce(extract(epoch FROM now() - min(created_at))::float8, 0) \
+             FROM notification_jobs WHERE status IN ('pending', 'failed-retrying') GROUP BY class",
+        )
+        .fetch_all(db)
+        .await?;
+        let dead: Vec<(String, i64)> =
+            sqlx::query_as("SELECT class, count(*) FROM notification_jobs WHERE status = 'dead' GROUP BY class")
+                .fetch_all(db)
+                .await?;
+        for class in rt.classes.keys() {
+            let finished: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM notification_jobs WHERE class = $1 AND finished_at > now() - $2::float8 * interval '1 second'",
+            )
+            .bind(class)
+            .bind(DRAIN_WINDOW.as_secs_f64())
+            .fetch_one(db)
+            .await?;
+            let (pending, oldest) =
+                waiting.iter().find(|w| &w.0 == class).map(|w| (w.1 as u64, w.2.max(0.0))).unwrap_or((0, 0.0));
+            let stats = ClassStats {
+                pending,
+                oldest_age_s: oldest,
+                drain_per_s: finished as f64 / DRAIN_WINDOW.as_secs_f64(),
+                dead: dead.iter().find(|d| &d.0 == class).map_or(0, |d| d.1 as u64),
+            };
+            let label = class.clone();
+            metrics::gauge!("cifpool_queue_pending", "class" => label.clone()).set(stats.pending as f64);
+            metrics::gauge!("cifpool_queue_oldest_pending_age_seconds", "class" => label.clone())
+                .set(stats.oldest_age_s);
+            metrics::gauge!("cifpool_queue_drain_per_second", "class" => label.clone()).set(stats.drain_per_s);
+            metrics::gauge!("cifpool_queue_dead", "class" => label).set(stats.dead as f64);
+            self.set(class, stats);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,247 @@
+//! `notification_jobs` through the [`crate::claim`] contract: claim for a group, fenced finishes,
+//! heartbeats, and the maintenance sweeps.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+use crate::claim::{ClaimSpec, ClaimTable, Fenced};
+use crate::queue::policy::GroupPolicy;
+
+/// `notification_jobs` as a claimable table.
+pub const JOBS: ClaimTable = ClaimTable {
+    table: "notification_jobs",
+    key: &["id"],
+    state: "status",
+    token: "lease_token",
+    lease: "lease_expires_at",
+};
+
+/// Claimable states.
+pub const CLAIMABLE: &str = "'pending', 'failed-retrying'";
+/// Held state.
+pub const SENDING: &str = "'sending'";
+
+/// A claimed job.
+#[derive(Debug, Clone)]
+pub struct ClaimedJob {
+    /// Id (the provider's idempotency key).
+    pub id: i64,
+    /// Class.
+    pub class: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Recipient.
+    pub recipient: String,
+    /// Payload.
+    pub payload: serde_json::Value,
+    /// This attempt's number (1-based).
+    pub attempt: i32,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// Send-by time, if any.
+    pub deadline: Option<DateTime<Utc>>,
+    /// Fencing token of this claim.
+    pub token: Uuid,
+    /// Enqueue time.
+    pub created_at: DateTime<Utc>,
+    /// First pick time.
+    pub picked_at: DateTime<Utc>,
+}
+
+/// The claim statement of one group: its classes, its order, per-tenant in-flight caps.
+/// Binds: `$1` limit, `$2` lease seconds, `$3` classes (`text[]`), `$4` per-class tenant caps (`int4[]`,
+/// aligned with `$3`).
+pub fn claim_sql(policy: &GroupPolicy) -> String {
+    JOBS.claim_sql(&ClaimSpec {
+        free: CLAIMABLE,
+        held: SENDING,
+        filter: "class = ANY($3) AND run_after <= now() \
+                 AND (tenant, class) NOT IN ( \
+                     SELECT b.tenant, b.class FROM notification_jobs b \
+                     JOIN unnest($3::text[], $4::int4[]) AS cap(class, n) ON cap.class = b.class \
+                     WHERE b.status = 'sending' \
+                     GROUP BY b.tenant, b.class HAVING count(*) >= max(cap.n))",
+        order_by: policy.sql_order_by(),
+        set: "attempts = t.attempts + 1, picked_at = coalesce(t.picked_at, clock_timestamp())",
+        returning: "t.id, t.class, t.tenant, t.recipient, t.payload, t.attempts, t.max_attempts, t.deadline, \
+                    t.lease_token, t.created_at, t.picked_at",
+    })
+}
+
+/// Claims up to `limit` jobs with a prepared [`claim_sql`] statement.
+pub async fn claim(
+    db: &PgPool,
+    sql: &str,
+    limit: usize,
+    lease: Duration,
+    classes: &[String],
+    caps: &[i32],
+) -> Result<Vec<ClaimedJob>, sqlx::Error> {
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
+        .bind(limit as i64)
+        .bind(lease.as_secs_f64())
+        .bind(classes)
+        .bind(caps)
+        .fetch_all(db)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| ClaimedJob {
+            id: r.get("id"),
+            class: r.get("class"),
+            tenant: r.get("tenant"),
+            recipient: r.get("recipient"),
+            payload: r.get("payload"),
+            attempt: r.get("attempts"),
+            max_attempts: r.get("max_attempts"),
+            deadline: r.get("deadline"),
+            token: r.get("lease_token"),
+            created_at: r.get("created_at"),
+            picked_at: r.get("picked_at"),
+        })
+        .collect())
+}
+
+static MARK_SENT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH done AS ({}) \
+         INSERT INTO notification_results (job_id, provider, provider_ref, attempt) \
+         SELECT id, $3, $4, attempts FROM done \
+         ON CONFLICT (job_id) DO NOTHING",
+        JOBS.fenced_update_sql(
+            SENDING,
+            "id = $2",
+            "status = 'sent', finished_at = clock_timestamp(), lease_token = NULL, lease_expires_at = NULL, \
+             last_error = NULL",
+            Some("id, attempts"),
+        )
+    )
+});
+
+static MARK_RETRY: LazyLock<String> = LazyLock::new(|| {
+    JOBS.fenced_update_sql(
+        SENDING,
+        "id = $2",
+        "status = 'failed-retrying', run_after = now() + $3::float8 * interval '1 second', last_error = $4, \
+         lease_token = NULL, lease_expires_at = NULL",
+        None,
+    )
+});
+
+static MARK_FINAL: LazyLock<String> = LazyLock::new(|| {
+    JOBS.fenced_update_sql(
+        SENDING,
+        "id = $2",
+        "status = $3, last_error = $4, finished_at = clock_timestamp(), lease_token = NULL, lease_expires_at = NULL",
+        None,
+    )
+});
+
+static HEARTBEAT: LazyLock<String> = LazyLock::new(|| JOBS.extend_sql(SENDING, "id = $3"));
+
+/// The provider accepted it: `sent` plus its one result row, in one statement. The insert runs only
+/// when the fenced update matched, so the inserted-row count is the fence's answer.
+pub async fn mark_sent(
+    db: &PgPool,
+    job: &ClaimedJob,
+    provider: &str,
+    provider_ref: Option<&str>,
+) -> Result<Fenced, sqlx::Error> {
+    let done = sqlx::query(sqlx::AssertSqlSafe(MARK_SENT.as_str()))
+        .bind(job.token)
+        .bind(job.id)
+        .bind(provider)
+        .bind(provider_ref)
+        .execute(db)
+        .await?;
+    Ok(Fenced::from_rows(done.rows_affected()))
+}
+
+/// A transient failure: back to the queue after `delay`, worker freed at once.
+pub async fn mark_retry(db: &PgPool, job: &ClaimedJob, delay: Duration, error: &str) -> Result<Fenced, sqlx::Error> {
+    let done = sqlx::query(sqlx::AssertSqlSafe(MARK_RETRY.as_str()))
+        .bind(job.token)
+        .bind(job.id)
+        .bind(delay.as_secs_f64())
+        .bind(error)
+        .execute(db)
+        .await?;
+    Ok(Fenced::from_rows(done.rows_affected()))
+}
+
+/// Final states other than sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinalState {
+    /// Dead-letter queue.
+    Dead,
+    /// Missed its deadline.
+    Expired,
+}
+
+impl FinalState {
+    /// Status value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinalState::Dead => "dead",
+            FinalState::Expired => "expired",
+        }
+    }
+}
+
+/// `dead` or `expired`, fenced.
+pub async fn mark_final(db: &PgPool, job: &ClaimedJob, state: FinalState, error: &str) -> Result<Fenced, sqlx::Error> {
+    let done = sqlx::query(sqlx::AssertSqlSafe(MARK_FINAL.as_str()))
+        .bind(job.token)
+        .bind(job.id)
+        .bind(state.as_str())
+        .bind(error)
+        .execute(db)
+        .await?;
+    Ok(Fenced::from_rows(done.rows_affected()))
+}
+
+/// Extends the lease of a long send; `None` when the lease was already lost.
+pub async fn heartbeat(db: &PgPool, job: &ClaimedJob, lease: Duration) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(HEARTBEAT.as_str()))
+        .bind(job.token)
+        .bind(lease.as_secs_f64())
+        .bind(job.id)
+        .fetch_optional(db)
+        .await
+}
+
+static RESCUE: LazyLock<String> = LazyLock::new(|| {
+    JOBS.sweep_sql(
+        SENDING,
+        "'failed-retrying'",
+        "TRUE",
+        "run_after = now(), last_error = 'lease expired: worker lost during send'",
+        "t.id",
+    )
+});
+
+/// Jobs whose worker died mid-send (lease expired) go back to the queue; returns how many.
+pub async fn rescue_expired_leases(db: &PgPool, batch: i64) -> Result<u64, sqlx::Error> {
+    let mut total = 0;
+    loop {
+        let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(RESCUE.as_str())).bind(batch).fetch_all(db).await?;
+        total += ids.len() as u64;
+        if (ids.len() as i64) < batch {
+            return Ok(total);
+        }
+    }
+}
+
+/// Waiting jobs past their deadline become `expired` (never sent late); returns how many per class.
+pub async fn expire_overdue(db: &PgPool, batch: i64) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "WITH overdue AS (             SELECT id FROM notification_jobs             WHERE deadline IS NOT NULL AND deadline < now() AND status IN ('pending', 'failed-retrying')             ORDER BY deadline LIMIT $1 FOR UPDATE SKIP LOCKED)          , done AS (             UPDATE notification_jobs AS t SET status = 'expired', finished_at = clock_timestamp(),                    last_error = coalesce(t.last_error, 'deadline passed before it could be sent')             FROM overdue WHERE t.id = overdue.id RETURNING t.class)          SELECT class, count(*) FROM done GROUP BY class",
+    )
+    .bind(batch)
+    .fetch_all(db)
+    .await
+}

@@ -1,0 +1,334 @@
+//! Worker groups: claim (through the policy's SQL), send (through the provider's limit), finish
+//! (fenced). Retries go back through the queue: a worker never sleeps on a failed job.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use sqlx::PgPool;
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::claim::Fenced;
+use crate::config::{ClassSettings, QueueSettings};
+use crate::queue::policy::GroupPolicy;
+use crate::queue::provider::{Message, ProviderHandle, SendError, build_providers};
+use crate::queue::store::{self, ClaimedJob, FinalState};
+
+/// A class with its provider.
+pub struct ClassRuntime {
+    /// Settings.
+    pub settings: ClassSettings,
+    /// Provider and limit.
+    pub provider: Arc<ProviderHandle>,
+}
+
+/// Classes, providers and settings shared by every group of an instance.
+pub struct QueueRuntime {
+    /// Settings.
+    pub settings: QueueSettings,
+    /// Classes by name.
+    pub classes: BTreeMap<String, ClassRuntime>,
+    /// Providers by name.
+    pub providers: BTreeMap<String, Arc<ProviderHandle>>,
+    /// Wakes idle claimers (LISTEN/NOTIFY relay).
+    pub wake: Notify,
+}
+
+impl QueueRuntime {
+    /// Builds providers and classes from settings.
+    pub fn new(settings: QueueSettings) -> Arc<QueueRuntime> {
+        let providers = build_providers(&settings.providers);
+        Self::with_providers(settings, providers)
+    }
+
+    /// Like [`QueueRuntime::new`] with given providers (tests, the lab).
+    pub fn with_providers(
+        settings: QueueSettings,
+        providers: BTreeMap<String, Arc<ProviderHandle>>,
+    ) -> Arc<QueueRuntime> {
+        let classes = settings
+            .classes
+            .iter()
+            .map(|c| {
+                let provider = providers.get(&c.provider).expect("validated: class provider exists").clone();
+                (c.name.clone(), ClassRuntime { settings: c.clone(), provider })
+            })
+            .collect();
+        Arc::new(QueueRuntime { settings, classes, providers, wake: Notify::new() })
+    }
+
+    /// The groups to run: explicit `[[queue.groups]]`, else the strategy preset.
+    pub fn group_policies(&self) -> Vec<GroupPolicy> {
+        let s = &self.settings;
+        if !s.groups.is_empty() {
+            return s.groups.clone();
+        }
+        let all: Vec<String> = s.classes.iter().map(|c| c.name.clone()).collect();
+        s.strategy.groups(s.workers, s.reserved, &s.urgent_classes, &all).into_iter().filter(|g| g.size > 0).collect()
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing claimable for this group.
+    Idle,
+    /// Delivered.
+    Sent(i64),
+    /// Transient failure; back in the queue after a backoff.
+    Retrying(i64),
+    /// Permanent failure or attempts exhausted.
+    Dead(i64),
+    /// Deadline passed; not sent.
+    Expired(i64),
+    /// Our lease was lost before we finished (another worker owns the job now).
+    LeaseLost(i64),
+}
+
+/// Delay before attempt `attempt + 1`: exponential from `base`, capped, with full jitter.
+pub fn backoff(base: Duration, cap: Duration, attempt: i32) -> Duration {
+    let exp = base.as_secs_f64() * 2f64.powi((attempt - 1).clamp(0, 30));
+    let ceiling = exp.min(cap.as_secs_f64());
+    Duration::from_secs_f64(rand::rng().random_range(0.0..=ceiling))
+}
+
+/// One worker group.
+pub struct WorkerGroup {
+    /// Its policy.
+    pub policy: GroupPolicy,
+    claim_sql: String,
+    db: PgPool,
+    runtime: Arc<QueueRuntime>,
+    workers: Arc<Semaphore>,
+}
+
+impl WorkerGroup {
+    /// A group running `policy` on `db`.
+    pub fn new(policy: GroupPolicy, db: PgPool, runtime: Arc<QueueRuntime>) -> Arc<WorkerGroup> {
+        let claim_sql = store::claim_sql(&policy);
+        let workers = Arc::new(Semaphore::new(policy.size));
+        Arc::new(WorkerGroup { policy, claim_sql, db, runtime, workers })
+    }
+
+    /// Claims up to `n` jobs of classes whose provider has a free slot.
+    pub async fn claim(&self, n: usize) -> Result<Vec<ClaimedJob>, sqlx::Error> {
+        let mut classes = Vec::new();
+        let mut caps = Vec::new();
+        let mut capacity = 0usize;
+        for name in &self.policy.classes {
+            let Some(class) = self.runtime.classes.get(name) else { continue };
+            let free = class.provider.limiter.available() as usize;
+            if free > 0 {
+                classes.push(name.clone());
+                caps.push(class.settings.tenant_inflight_cap as i32);
+                capacity = capacity.max(free);
+            }
+        }
+        if classes.is_empty() || n == 0 {
+            return Ok(Vec::new());
+        }
+        store::claim(&self.db, &self.claim_sql, n.min(capacity), self.runtime.settings.lease, &classes, &caps).await
+    }
+
+    /// One step: claim one job, send it, finish it. What tests drive instead of the loop.
+    pub async fn try_execute_next(&self) -> Result<Outcome, sqlx::Error> {
+        match self.claim(1).await?.pop() {
+            Some(job) => self.process(job).await,
+            None => Ok(Outcome::Idle),
+        }
+    }
+
+    /// Sends a claimed job and records the result, fenced by its token.
+    pub async fn process(&self, job: ClaimedJob) -> Result<Outcome, sqlx::Error> {
+        let class = self.runtime.classes.get(&job.class).expect("claimed only configured classes");
+        let labels = [("class", job.class.clone()), ("group", self.policy.name.clone())];
+        if job.attempt == 1 {
+            let wait = (job.picked_at - job.created_at).to_std().unwrap_or_default();
+            metrics::histogram!("cifpool_queue_wait_seconds", "class" => job.class.clone()).record(wait.as_secs_f64());
+        }
+        if job.deadline.is_some_and(|d| d <= chrono::Utc::now()) {
+            metrics::counter!("cifpool_queue_expired_total", "class" => job.class.clone()).increment(1);
+            let fenced =
+                store::mark_final(&self.db, &job, FinalState::Expired, "deadline passed before sending").await?;
+            return Ok(fenced_or(fenced, job.id, Outcome::Expired(job.id)));
+        }
+        let in_flight = metrics::gauge!("cifpool_queue_in_flight", &labels);
+        in_flight.increment(1.0);
+        let permit = class.provider.limiter.acquire().await;
+        let message = Message {
+            id: job.id,
+            class: job.class.clone(),
+            tenant: job.tenant.clone(),
+            recipient: job.recipient.clone(),
+            payload: job.payload.clone(),
+            attempt: job.attempt,
+        };
+        let started = Instant::now();
+        let result = {
+            let send = class.provider.provider.send(&message);
+            let heartbeat = self.heartbeat(&job);
+            tokio::pin!(send);
+            tokio::select! {
+                r = &mut send => r,
+                _ = heartbeat => send.await,
+            }
+        };
+        in_flight.decrement(1.0);
+        let outcome_label = match &result {
+            Ok(_) => "ok",
+            Err(SendError::Timeout(_)) => "timeout",
+            Err(SendError::Transient(_)) => "transient",
+            Err(SendError::Permanent(_)) => "permanent",
+        };
+        metrics::histogram!("cifpool_provider_duration_seconds", "provider" => class.provider.name.clone(),
+            "outcome" => outcome_label)
+        .record(started.elapsed().as_secs_f64());
+        match result {
+            Ok(delivery) => {
+                permit.success();
+                let fenced =
+                    store::mark_sent(&self.db, &job, &class.provider.name, delivery.provider_ref.as_deref()).await?;
+                if fenced == Fenced::Done {
+                    metrics::counter!("cifpool_queue_sent_total", "class" => job.class.clone()).increment(1);
+                }
+                Ok(fenced_or(fenced, job.id, Outcome::Sent(job.id)))
+            }
+            Err(SendError::Permanent(e)) => {
+                drop(permit);
+                self.dead(&job, &e).await
+            }
+            Err(e) => {
+                if e.is_overload() {
+                    permit.overload();
+                }
+                let error = e.to_string();
+                if job.attempt >= job.max_attempts {
+                    return self
+                        .dead(&job, &format!("{error} (attempt {} of {})", job.attempt, job.max_attempts))
+                        .await;
+                }
+                let delay = backoff(class.settings.backoff_base, class.settings.backoff_cap, job.attempt);
+                if job.deadline.is_some_and(|d| chrono::Utc::now() + delay >= d) {
+                    metrics::counter!("cifpool_queue_expired_total", "class" => job.class.clone()).increment(1);
+                    let fenced = store::mark_final(&self.db, &job, FinalState::Expired, &error).await?;
+                    return Ok(fenced_or(fenced, job.id, Outcome::Expired(job.id)));
+                }
+                metrics::counter!("cifpool_queue_retries_total", "class" => job.class.clone()).increment(1);
+                let fenced = store::mark_retry(&self.db, &job, delay, &error).await?;
+                Ok(fenced_or(fenced, job.id, Outcome::Retrying(job.id)))
+            }
+        }
+    }
+
+    async fn dead(&self, job: &ClaimedJob, error: &str) -> Result<Outcome, sqlx::Error> {
+        metrics::counter!("cifpool_queue_dead_total", "class" => job.class.clone()).increment(1);
+        tracing::warn!(job = job.id, class = %job.class, error, "job dead-lettered");
+        let fenced = store::mark_final(&self.db, job, FinalState::Dead, error).await?;
+        Ok(fenced_or(fenced, job.id, Outcome::Dead(job.id)))
+    }
+
+    /// Extends the lease every third of its length; returns (ending the select) only if the lease
+    /// was lost, after which the send is simply awaited and its finish will be refused by the fence.
+    async fn heartbeat(&self, job: &ClaimedJob) {
+        let lease = self.runtime.settings.lease;
+        loop {
+            tokio::time::sleep(lease / 3).await;
+            match store::heartbeat(&self.db, job, lease).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    tracing::warn!(job = job.id, "lease lost during a long send");
+                    return;
+                }
+                Err(e) => tracing::warn!(job = job.id, error = %e, "heartbeat failed"),
+            }
+        }
+    }
+
+    /// Claims for idle workers and sends until `stop`; then waits up to `grace` for in-flight sends.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken, grace: Duration) {
+        let poll = self.runtime.settings.poll_interval;
+        let batch = self.runtime.settings.claim_batch.max(1);
+        loop {
+            let first = tokio::select! {
+                _ = stop.cancelled() => break,
+                p = self.workers.clone().acquire_owned() => p.expect("semaphore never closed"),
+            };
+            let mut permits = vec![first];
+            while permits.len() < batch {
+                match self.workers.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            let jobs = match self.claim(permits.len()).await {
+                Ok(jobs) => jobs,
+                Err(e) => {
+                    tracing::warn!(group = %self.policy.name, error = %e, "claim failed");
+                    Vec::new()
+                }
+            };
+            if jobs.is_empty() {
+                drop(permits);
+                let wake = self.runtime.wake.notified();
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = wake => {}
+                    _ = tokio::time::sleep(poll) => {}
+                }
+                continue;
+            }
+            for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
+                let group = self.clone();
+                tokio::spawn(async move {
+                    let id = job.id;
+                    if let Err(e) = group.process(job).await {
+                        // The lease will expire and the sweep hands the job back: nothing is lost.
+                        tracing::warn!(job = id, error = %e, "finishing a job failed");
+                    }
+                    drop(permit);
+                });
+            }
+        }
+        let all = self.policy.size as u32;
+        if tokio::time::timeout(grace, self.workers.acquire_many(all)).await.is_err() {
+            tracing::warn!(group = %self.policy.name, "sends still running at shutdown; their leases will hand them back");
+        }
+    }
+}
+
+fn fenced_or(fenced: Fenced, id: i64, done: Outcome) -> Outcome {
+    match fenced {
+        Fenced::Done => done,
+        Fenced::LeaseLost => {
+            metrics::counter!("cifpool_queue_lease_lost_total").increment(1);
+            Outcome::LeaseLost(id)
+        }
+    }
+}
+
+/// Relays `NOTIFY cifpool_jobs` to idle claimers until `stop` (polling covers any gap).
+pub async fn listen(db: PgPool, runtime: Arc<QueueRuntime>, stop: CancellationToken) {
+    loop {
+        let mut listener = match sqlx::postgres::PgListener::connect_with(&db).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!(error = %e, "LISTEN unavailable; claimers poll");
+                tokio::select! { _ = stop.cancelled() => return, _ = tokio::time::sleep(Duration::from_secs(2)) => continue }
+            }
+        };
+        if listener.listen("cifpool_jobs").await.is_err() {
+            continue;
+        }
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                n = listener.recv() => match n {
+                    Ok(_) => runtime.wake.notify_waiters(),
+                    Err(_) => break,
+                },
+            }
+        }
+    }
+}

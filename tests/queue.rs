@@ -1,0 +1,514 @@
+//! The notification queue against real Postgres and fake HTTP providers, driven one step at a time.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cifpool::claim::Fenced;
+use cifpool::config::OverloadMode;
+use cifpool::queue::fake_provider::FakeBehaviour;
+use cifpool::queue::policy::{ClaimOrder, GroupPolicy, Strategy};
+use cifpool::queue::stats::ClassStats;
+use cifpool::queue::worker::{Outcome, WorkerGroup};
+use cifpool::queue::{enqueue, store};
+use common::{
+    FakeServer, TEST_ADMIN_TOKEN, TestApp, TestDb, assert_problem, fake_server, fresh_database, spawn_passive_app,
+    test_settings_with_pools, use_fake_providers,
+};
+use serde_json::{Value, json};
+
+struct Env {
+    db: TestDb,
+    app: TestApp,
+    sms: FakeServer,
+    push: FakeServer,
+}
+
+async fn env_with(tweak: impl FnOnce(&mut cifpool::config::Settings)) -> Env {
+    let db = fresh_database().await;
+    let sms = fake_server(FakeBehaviour::default()).await;
+    let push = fake_server(FakeBehaviour::default()).await;
+    let mut settings = test_settings_with_pools(&db.url);
+    use_fake_providers(&mut settings, &sms, &push);
+    tweak(&mut settings);
+    let app = spawn_passive_app(settings).await;
+    Env { db, app, sms, push }
+}
+
+async fn env() -> Env {
+    env_with(|_| {}).await
+}
+
+impl Env {
+    fn group(&self, strategy: Strategy, index: usize) -> Arc<WorkerGroup> {
+        let all = ["otp", "transactional", "promo"].map(String::from).to_vec();
+        let policy = strategy.groups(20, 6, &["otp".to_string()], &all).remove(index);
+        WorkerGroup::new(policy, self.app.state.db.clone(), self.app.state.queue.clone())
+    }
+
+    async fn enqueue(&self, class: &str, tenant: &str, n: usize) -> Vec<i64> {
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let r = self
+                .app
+                .client
+                .post(self.app.url("/v1/notifications"))
+                .json(&json!({ "class": class, "tenant": tenant, "recipient": format!("+84900{i:06}"), "payload": {"n": i} }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
+            ids.push(r.json::<Value>().await.unwrap()["id"].as_i64().unwrap());
+        }
+        ids
+    }
+
+    async fn batch(&self, class: &str, tenant: &str, n: usize) {
+        let jobs: Vec<Value> = (0..n).map(|i| json!({ "recipient": format!("dev-{tenant}-{i}") })).collect();
+        let r = self
+            .app
+            .client
+            .post(self.app.url("/v1/notifications/batch"))
+            .json(&json!({ "class": class, "tenant": tenant, "jobs": jobs }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
+    }
+
+    async fn status(&self, id: i64) -> String {
+        sqlx::query_scalar("SELECT status FROM notification_jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn make_due(&self) {
+        sqlx::query("UPDATE notification_jobs SET run_after = now() WHERE status = 'failed-retrying'")
+            .execute(&self.db.pool)
+            .await
+            .unwrap();
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string())).fetch_one(&self.db.pool).await.unwrap()
+    }
+}
+
+async fn drain(group: &WorkerGroup) -> Vec<Outcome> {
+    let mut outcomes = Vec::new();
+    loop {
+        match group.try_execute_next().await.unwrap() {
+            Outcome::Idle => return outcomes,
+            o => outcomes.push(o),
+        }
+    }
+}
+
+#[tokio::test]
+async fn bulkhead_reserved_group_never_runs_promo_and_bulk_never_runs_otp() {
+    let e = env().await;
+    let promo = e.enqueue("promo", "shop", 5).await;
+    let otp = e.enqueue("otp", "auth", 3).await;
+    let reserved = e.group(Strategy::Bulkhead, 0);
+    let bulk = e.group(Strategy::Bulkhead, 1);
+    let sent = drain(&reserved).await;
+    assert_eq!(sent, otp.iter().map(|&id| Outcome::Sent(id)).collect::<Vec<_>>());
+    for id in &promo {
+        assert_eq!(e.status(*id).await, "pending", "the reserved group left promo alone");
+    }
+    e.enqueue("otp", "auth", 1).await;
+    let sent = drain(&bulk).await;
+    assert_eq!(sent.len(), 5, "bulk drained the promo: {sent:?}");
+    assert!(sent.iter().all(|o| matches!(o, Outcome::Sent(id) if promo.contains(id))));
+    assert_eq!(e.count("SELECT count(*) FROM notification_jobs WHERE class = 'otp' AND status = 'pending'").await, 1);
+    assert_eq!(e.sms.fake.report().delivered, 3);
+    assert_eq!(e.push.fake.report().delivered, 5);
+}
+
+#[tokio::test]
+async fn priority_claims_a_new_otp_before_older_promo_and_fifo_does_not() {
+    let e = env().await;
+    e.enqueue("promo", "shop", 20).await;
+    let otp = e.enqueue("otp", "auth", 1).await[0];
+    let fifo = e.group(Strategy::Fifo, 0);
+    let first = fifo.try_execute_next().await.unwrap();
+    assert_ne!(first, Outcome::Sent(otp), "FIFO serves the oldest promo first");
+    let priority = e.group(Strategy::Priority, 0);
+    assert_eq!(priority.try_execute_next().await.unwrap(), Outcome::Sent(otp));
+}
+
+#[tokio::test]
+async fn floor_borrow_shared_workers_take_otp_when_the_floor_is_busy() {
+    let e = env().await;
+    e.enqueue("promo", "shop", 10).await;
+    let otps = e.enqueue("otp", "auth", 4).await;
+    let floor = e.group(Strategy::FloorBorrow, 0);
+    let shared = e.group(Strategy::FloorBorrow, 1);
+    assert_eq!(floor.policy.classes, vec!["otp".to_string()]);
+    // The floor claims one OTP and is now busy with it (claimed, not finished).
+    let busy = floor.claim(1).await.unwrap();
+    assert_eq!(busy.len(), 1);
+    // Shared workers borrow: they take the remaining OTPs before any older promo.
+    for _ in 0..3 {
+        match shared.try_execute_next().await.unwrap() {
+            Outcome::Sent(id) => assert!(otps.contains(&id), "shared took promo {id} while OTP waited"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(matches!(shared.try_execute_next().await.unwrap(), Outcome::Sent(_)));
+    assert_eq!(e.count("SELECT count(*) FROM notification_jobs WHERE class = 'promo' AND status = 'sent'").await, 1);
+    assert_eq!(floor.process(busy.into_iter().next().unwrap()).await.unwrap(), Outcome::Sent(otps[0]));
+}
+
+#[tokio::test]
+async fn transient_failures_retry_through_the_queue_then_die_and_replay_revives() {
+    let e = env().await;
+    e.push.fake.set_behaviour(FakeBehaviour { error_rate: 1.0, ..Default::default() });
+    let id = e.enqueue("promo", "shop", 1).await[0];
+    let group = e.group(Strategy::Priority, 0);
+    let max_attempts = e.app.state.queue.classes["promo"].settings.max_attempts as i32;
+    for attempt in 1..max_attempts {
+        let started = Instant::now();
+        assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Retrying(id));
+        assert!(started.elapsed() < Duration::from_secs(2), "the worker did not sleep out the backoff");
+        let (status, attempts, due_later): (String, i32, bool) = sqlx::query_as(
+            "SELECT status, attempts, run_after > now() - interval '1 millisecond' FROM notification_jobs WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&e.db.pool)
+        .await
+        .unwrap();
+        assert_eq!((status.as_str(), attempts, due_later), ("failed-retrying", attempt, true));
+        // Not due yet: the worker is free for other work at once.
+        e.make_due().await;
+    }
+    assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Dead(id));
+    assert_eq!(e.status(id).await, "dead");
+    assert_eq!(e.push.fake.report().calls, max_attempts as u64, "attempts are bounded");
+    let last_error: String = sqlx::query_scalar("SELECT last_error FROM notification_jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(&e.db.pool)
+        .await
+        .unwrap();
+    assert!(last_error.contains("503"), "{last_error}");
+
+    // Ops look at the dead letters and replay them once the provider is back.
+    let dlq: Value = e
+        .app
+        .client
+        .get(e.app.url("/admin/dlq?class=promo"))
+        .bearer_auth(TEST_ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(dlq["jobs"][0]["id"], id);
+    e.push.fake.set_behaviour(FakeBehaviour::default());
+    let r = e
+        .app
+        .client
+        .post(e.app.url("/admin/dlq/replay"))
+        .bearer_auth(TEST_ADMIN_TOKEN)
+        .json(&json!({ "class": "promo", "max": 10, "rate_per_sec": 1000.0 }))
+        .send()
+        .await
+        .unwrap();
+    let replayed: Value = r.json().await.unwrap();
+    assert_eq!(replayed["replayed"], 1, "{replayed}");
+    assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Sent(id));
+    assert_eq!(e.count("SELECT count(*) FROM notification_results").await, 1);
+}
+
+#[tokio::test]
+async fn permanent_failure_goes_straight_to_the_dead_letters() {
+    let e = env().await;
+    e.sms.fake.set_behaviour(FakeBehaviour { reject_rate: 1.0, ..Default::default() });
+    let id = e.enqueue("transactional", "bank", 1).await[0];
+    let group = e.group(Strategy::Priority, 0);
+    assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Dead(id));
+    assert_eq!(e.sms.fake.report().calls, 1);
+}
+
+#[tokio::test]
+async fn an_otp_past_its_deadline_expires_and_is_never_sent() {
+    let e = env().await;
+    let ids = e.enqueue("otp", "auth", 2).await;
+    let deadline: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT deadline FROM notification_jobs WHERE id = $1")
+            .bind(ids[0])
+            .fetch_one(&e.db.pool)
+            .await
+            .unwrap();
+    assert!(deadline.is_some(), "OTP gets the 15 s deadline");
+    sqlx::query("UPDATE notification_jobs SET deadline = now() - interval '1 second'")
+        .execute(&e.db.pool)
+        .await
+        .unwrap();
+    // One expires when a worker picks it, the other in the sweep.
+    let group = e.group(Strategy::Priority, 0);
+    assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Expired(ids[0]));
+    let expired = store::expire_overdue(&e.db.pool, 100).await.unwrap();
+    assert_eq!(expired, vec![("otp".to_string(), 1)]);
+    assert_eq!(e.status(ids[1]).await, "expired");
+    assert_eq!(e.sms.fake.report().calls, 0, "never sent late");
+}
+
+#[tokio::test]
+async fn a_lease_lost_mid_send_still_yields_exactly_one_result() {
+    let e = env().await;
+    e.sms.fake.set_behaviour(FakeBehaviour { latency_ms: 400, ..Default::default() });
+    let id = e.enqueue("otp", "auth", 1).await[0];
+    let a = e.group(Strategy::Priority, 0);
+    let b = e.group(Strategy::Priority, 0);
+    let job = a.claim(1).await.unwrap().pop().unwrap();
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move { a.process(job).await.unwrap() }
+    });
+    // Worker A is mid-send when its lease runs out (moved into the past) and the sweep rescues the job.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    sqlx::query("UPDATE notification_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
+        .bind(id)
+        .execute(&e.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(store::rescue_expired_leases(&e.db.pool, 100).await.unwrap(), 1);
+    // Worker B claims it again and sends it again.
+    let second = b.try_execute_next().await.unwrap();
+    let first = first.await.unwrap();
+    let mut outcomes = [first, second];
+    outcomes.sort_by_key(|o| matches!(o, Outcome::Sent(_)));
+    assert_eq!(outcomes, [Outcome::LeaseLost(id), Outcome::Sent(id)], "exactly one finish wins the fence");
+    assert_eq!(e.count("SELECT count(*) FROM notification_results").await, 1);
+    assert_eq!(e.sms.fake.deliveries_of(&id.to_string()), 2, "at-least-once: the provider saw the key twice");
+    assert_eq!(e.status(id).await, "sent");
+}
+
+#[tokio::test]
+async fn a_small_tenant_is_not_starved_by_a_huge_batch() {
+    let e = env().await;
+    e.batch("promo", "tenant-x", 50_000).await;
+    e.batch("promo", "tenant-y", 100).await;
+    let group = e.group(Strategy::Priority, 0);
+    let mut done_before_last_y = 0;
+    let mut y_left = 100;
+    while y_left > 0 {
+        let jobs = group.claim(16).await.unwrap();
+        assert!(!jobs.is_empty());
+        for job in jobs {
+            if job.tenant == "tenant-y" {
+                y_left -= 1;
+            } else {
+                done_before_last_y += 1;
+            }
+            assert_eq!(store::mark_sent(&e.db.pool, &job, "push", None).await.unwrap(), Fenced::Done);
+        }
+    }
+    // FIFO would have sent all 50,000 of X first; weighted turns interleave the two tenants.
+    assert!(done_before_last_y <= 200, "tenant X got {done_before_last_y} sends before Y's 100 finished");
+    assert!(
+        e.count("SELECT count(*) FROM notification_jobs WHERE tenant = 'tenant-x' AND status = 'pending'").await
+            > 49_000
+    );
+}
+
+#[tokio::test]
+async fn tenant_weights_give_a_heavier_tenant_more_turns() {
+    let e = env_with(|s| {
+        s.queue.tenant_weights.insert("gold".into(), 3.0);
+    })
+    .await;
+    e.batch("promo", "gold", 300).await;
+    e.batch("promo", "basic", 300).await;
+    let group = e.group(Strategy::Priority, 0);
+    let jobs = group.claim(200).await.unwrap();
+    let gold = jobs.iter().filter(|j| j.tenant == "gold").count();
+    assert!((140..=160).contains(&gold), "3:1 weights give gold ~150 of 200, got {gold}");
+}
+
+#[tokio::test]
+async fn per_tenant_in_flight_cap_holds_between_claims() {
+    let e = env().await;
+    let cap = e.app.state.queue.classes["promo"].settings.tenant_inflight_cap as usize;
+    e.batch("promo", "big", cap * 3).await;
+    let group = e.group(Strategy::Priority, 0);
+    let mut held = Vec::new();
+    loop {
+        let jobs = group.claim(8).await.unwrap();
+        if jobs.is_empty() {
+            break;
+        }
+        held.extend(jobs);
+    }
+    assert!(held.len() >= cap && held.len() < cap + 8, "in flight {} with cap {cap}", held.len());
+    // Another tenant still gets through while `big` is at its cap.
+    e.enqueue("promo", "small", 1).await;
+    let other = group.claim(8).await.unwrap();
+    assert_eq!(other.len(), 1);
+    assert_eq!(other[0].tenant, "small");
+}
+
+#[tokio::test]
+async fn backpressure_rejects_bulk_with_retry_after_but_always_takes_otp() {
+    let e = env().await;
+    e.app
+        .state
+        .queue_stats
+        .set("promo", ClassStats { pending: 1_000_000, oldest_age_s: 60.0, drain_per_s: 10.0, dead: 0 });
+    let r = e
+        .app
+        .client
+        .post(e.app.url("/v1/notifications"))
+        .json(&json!({ "class": "promo", "tenant": "shop", "recipient": "dev-1" }))
+        .send()
+        .await
+        .unwrap();
+    let retry_after: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry_after > 0);
+    assert_problem(r, 429).await;
+    let r = e
+        .app
+        .client
+        .post(e.app.url("/v1/notifications/batch"))
+        .json(&json!({ "class": "promo", "tenant": "shop", "jobs": [{ "recipient": "a" }] }))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(r, 429).await;
+    e.app
+        .state
+        .queue_stats
+        .set("otp", ClassStats { pending: 1_000_000, oldest_age_s: 600.0, drain_per_s: 1.0, dead: 0 });
+    e.enqueue("otp", "auth", 1).await;
+    assert_eq!(e.count("SELECT count(*) FROM notification_jobs").await, 1, "only the OTP was written");
+    // Under the target, bulk is accepted again.
+    e.app.state.queue_stats.set("promo", ClassStats { pending: 10, oldest_age_s: 1.0, drain_per_s: 100.0, dead: 0 });
+    e.enqueue("promo", "shop", 1).await;
+}
+
+#[tokio::test]
+async fn defer_mode_accepts_overload_but_schedules_it_later() {
+    let e = env_with(|s| s.queue.overload = OverloadMode::Defer).await;
+    e.app
+        .state
+        .queue_stats
+        .set("promo", ClassStats { pending: 100_000, oldest_age_s: 10.0, drain_per_s: 10.0, dead: 0 });
+    let id = e.enqueue("promo", "shop", 1).await[0];
+    let later: bool =
+        sqlx::query_scalar("SELECT run_after > now() + interval '1 hour' FROM notification_jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(&e.db.pool)
+            .await
+            .unwrap();
+    assert!(later, "deferred by the predicted wait beyond the target");
+    assert_eq!(enqueue::admit(&e.app.state.queue, &e.app.state.queue_stats, "otp"), enqueue::Admission::Accept);
+}
+
+#[tokio::test]
+async fn bad_input_is_422_or_413_problem_json_and_writes_nothing() {
+    let e = env_with(|s| s.queue.max_batch = 10).await;
+    let post = |body: Value| e.app.client.post(e.app.url("/v1/notifications")).json(&body).send();
+    let r = post(json!({ "class": "carrier-pigeon", "tenant": "t", "recipient": "x" })).await.unwrap();
+    let p = assert_problem(r, 422).await;
+    assert!(p["detail"].as_str().unwrap().contains("otp"), "lists the known classes: {p}");
+    assert_problem(post(json!({ "class": "otp", "tenant": "t" })).await.unwrap(), 422).await;
+    assert_problem(post(json!({ "class": "otp", "tenant": "t", "recipient": "" })).await.unwrap(), 422).await;
+    let jobs: Vec<Value> = (0..11).map(|i| json!({ "recipient": format!("r{i}") })).collect();
+    let r = e
+        .app
+        .client
+        .post(e.app.url("/v1/notifications/batch"))
+        .json(&json!({ "class": "promo", "tenant": "t", "jobs": jobs }))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(r, 413).await;
+    let r = e
+        .app
+        .client
+        .post(e.app.url("/v1/notifications/batch"))
+        .json(&json!({ "class": "promo", "tenant": "t", "jobs": [{ "recipient": "ok" }, { "recipient": "" }] }))
+        .send()
+        .await
+        .unwrap();
+    let p = assert_problem(r, 422).await;
+    assert!(p["detail"].as_str().unwrap().contains("jobs[1]"), "{p}");
+    assert_eq!(e.count("SELECT count(*) FROM notification_jobs").await, 0);
+}
+
+#[tokio::test]
+async fn idempotency_key_returns_the_existing_job_and_lookup_shows_state() {
+    let e = env().await;
+    let body = json!({ "class": "transactional", "tenant": "bank", "recipient": "+84901", "idempotency_key": "tx-1" });
+    let a = e.app.client.post(e.app.url("/v1/notifications")).json(&body).send().await.unwrap();
+    assert_eq!(a.status(), 202);
+    let a: Value = a.json().await.unwrap();
+    let b = e.app.client.post(e.app.url("/v1/notifications")).json(&body).send().await.unwrap();
+    assert_eq!(b.status(), 200);
+    let b: Value = b.json().await.unwrap();
+    assert_eq!(a["id"], b["id"]);
+    assert_eq!(b["created"], false);
+    let id = a["id"].as_i64().unwrap();
+    let view: Value =
+        e.app.client.get(e.app.url(&format!("/v1/notifications/{id}"))).send().await.unwrap().json().await.unwrap();
+    assert_eq!(view["status"], "pending");
+    e.group(Strategy::Priority, 0).try_execute_next().await.unwrap();
+    let view: Value =
+        e.app.client.get(e.app.url(&format!("/v1/notifications/{id}"))).send().await.unwrap().json().await.unwrap();
+    assert_eq!(view["status"], "sent");
+    assert_eq!(view["attempts"], 1);
+    assert_problem(e.app.client.get(e.app.url("/v1/notifications/999999")).send().await.unwrap(), 404).await;
+    assert_problem(e.app.client.get(e.app.url("/v1/notifications/abc")).send().await.unwrap(), 400).await;
+}
+
+#[tokio::test]
+async fn explicit_groups_from_config_replace_the_preset() {
+    let e = env_with(|s| {
+        s.queue.groups = vec![GroupPolicy {
+            name: "only-transactional".into(),
+            size: 2,
+            classes: vec!["transactional".into()],
+            order: ClaimOrder::Fifo,
+        }];
+    })
+    .await;
+    let groups = e.app.state.queue.group_policies();
+    assert_eq!(groups.len(), 1);
+    assert_eq!(groups[0].name, "only-transactional");
+}
+
+#[tokio::test]
+async fn serve_runs_the_worker_groups_next_to_the_cif_api() {
+    let db = fresh_database().await;
+    let sms = fake_server(FakeBehaviour::default()).await;
+    let push = fake_server(FakeBehaviour::default()).await;
+    let mut settings = test_settings_with_pools(&db.url);
+    use_fake_providers(&mut settings, &sms, &push);
+    let app = common::spawn_app_with(settings).await;
+    let r = app
+        .client
+        .post(app.url("/v1/notifications"))
+        .json(&json!({ "class": "otp", "tenant": "auth", "recipient": "+84900000001", "payload": {"code": "123456"} }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let id = r.json::<Value>().await.unwrap()["id"].as_i64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let view: Value =
+            app.client.get(app.url(&format!("/v1/notifications/{id}"))).send().await.unwrap().json().await.unwrap();
+        if view["status"] == "sent" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "OTP not sent by the running workers: {view}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(sms.fake.deliveries_of(&id.to_string()), 1);
+    app.stop().await;
+}
