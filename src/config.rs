@@ -90,6 +90,9 @@ pub struct QueueSettings {
     pub max_batch: usize,
     /// Body limit of the batch endpoint, in bytes.
     pub batch_body_limit_bytes: usize,
+    /// Finished jobs (sent, dead, expired) and their results are deleted after this long.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
     /// Tenant weights for fair turns (default 1; a tier may weigh more).
     #[serde(default)]
     pub tenant_weights: std::collections::BTreeMap<String, f64>,

@@ -28,3 +28,4 @@ pub mod schedule;
 pub mod startup;
 pub mod state;
 pub mod telemetry;
+pub mod validate;

@@ -366,6 +366,14 @@ async fn bad_input_is_problem_json_and_writes_nothing() {
     assert_problem(app.client.get(app.url("/v1/cif/12ab")).send().await.unwrap(), 400).await;
     assert_problem(app.client.get(app.url("/v1/cif/123")).send().await.unwrap(), 400).await;
     assert_problem(post_token(&app, &cif, "confirm", "not-a-uuid").await, 422).await;
+    let nul = app
+        .client
+        .post(app.url(&format!("/v1/cif/{cif}/confirm")))
+        .json(&json!({ "reservation_token": token, "customer_ref": "a\u{0}b" }))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(nul, 422).await;
 
     // Only the one good reservation was written.
     assert_eq!(count(&db.pool, "SELECT count(*) FROM cif_codes WHERE state = 'available'").await, before - 1);

@@ -418,6 +418,8 @@ async fn bad_input_is_422_or_413_problem_json_and_writes_nothing() {
     assert!(p["detail"].as_str().unwrap().contains("otp"), "lists the known classes: {p}");
     assert_problem(post(json!({ "class": "otp", "tenant": "t" })).await.unwrap(), 422).await;
     assert_problem(post(json!({ "class": "otp", "tenant": "t", "recipient": "" })).await.unwrap(), 422).await;
+    let nul = post(json!({ "class": "otp", "tenant": "t", "recipient": "x", "payload": {"text": "a\u{0}"} }));
+    assert_problem(nul.await.unwrap(), 422).await;
     let jobs: Vec<Value> = (0..11).map(|i| json!({ "recipient": format!("r{i}") })).collect();
     let r = e
         .app

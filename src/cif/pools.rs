@@ -15,7 +15,7 @@ use crate::keys::MasterKey;
 pub enum ReconcileError {
     /// A pinned field differs from what the pool issued its codes with.
     #[error(
-        "pool {pool:?}: {field} is pinned to {stored} because the pool has issued codes, but the configuration says \
+        "pool {pool:?}: {field} is pinned to {stored} because the pool has generated codes, but the configuration says \
          {configured}; keep it, or create a new pool (with a new name) for the new format or key"
     )]
     Pinned {

@@ -33,6 +33,18 @@ pub enum RefillOutcome {
     Exhausted,
 }
 
+impl RefillOutcome {
+    /// The metric label, the same word as in the JSON summary.
+    pub fn label(self) -> &'static str {
+        match self {
+            RefillOutcome::Refilled => "refilled",
+            RefillOutcome::AboveWatermark => "above_watermark",
+            RefillOutcome::Busy => "busy",
+            RefillOutcome::Exhausted => "exhausted",
+        }
+    }
+}
+
 /// What a run did (returned by the admin endpoint, logged by the schedule).
 #[derive(Debug, Clone, Serialize)]
 pub struct RefillSummary {
@@ -90,7 +102,7 @@ pub async fn refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result<Ref
             .increment(summary.codes_added);
     }
     metrics::counter!("cifpool_refill_runs_total", "pool" => pool.name().to_string(),
-        "outcome" => format!("{:?}", summary.outcome).to_lowercase())
+        "outcome" => summary.outcome.label())
     .increment(1);
     Ok(summary)
 }

@@ -149,8 +149,8 @@ async fn confirm(
     Json(body): Json<TokenRequest>,
 ) -> Result<Json<impl Serialize>, ApiError> {
     let (pool, counter) = decode(&state, &cif)?;
-    if body.customer_ref.as_ref().is_some_and(|r| r.len() > MAX_LABEL) {
-        return Err(ApiError::Unprocessable(format!("customer_ref must be at most {MAX_LABEL} characters")));
+    if let Some(r) = &body.customer_ref {
+        crate::validate::text("customer_ref", r, MAX_LABEL).map_err(ApiError::Unprocessable)?;
     }
     let at =
         match store::confirm(&state.db, pool, counter, body.reservation_token, body.customer_ref.as_deref()).await? {

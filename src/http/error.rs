@@ -195,5 +195,8 @@ where
     let body = serde_json::to_vec(&problem).unwrap_or_default();
     parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
     parts.headers.remove(header::CONTENT_LENGTH);
+    if status == StatusCode::SERVICE_UNAVAILABLE && !parts.headers.contains_key(header::RETRY_AFTER) {
+        parts.headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
     Response::from_parts(parts, Body::from(body))
 }

@@ -46,16 +46,13 @@ impl NewJob {
             let known: Vec<&str> = rt.classes.keys().map(String::as_str).collect();
             return Err(Invalid(format!("unknown class {:?}; known classes: {}", self.class, known.join(", "))));
         }
-        if self.recipient.trim().is_empty() || self.recipient.len() > MAX_RECIPIENT {
-            return Err(Invalid(format!("recipient must be 1 to {MAX_RECIPIENT} characters")));
+        use crate::validate;
+        validate::text("recipient", self.recipient.trim(), MAX_RECIPIENT).map_err(Invalid)?;
+        validate::text("tenant", self.tenant.trim(), MAX_LABEL).map_err(Invalid)?;
+        if let Some(key) = &self.idempotency_key {
+            validate::text("idempotency_key", key, MAX_LABEL).map_err(Invalid)?;
         }
-        if self.tenant.trim().is_empty() || self.tenant.len() > MAX_LABEL {
-            return Err(Invalid(format!("tenant must be 1 to {MAX_LABEL} characters")));
-        }
-        if self.idempotency_key.as_ref().is_some_and(|k| k.is_empty() || k.len() > MAX_LABEL) {
-            return Err(Invalid(format!("idempotency_key must be 1 to {MAX_LABEL} characters")));
-        }
-        Ok(())
+        validate::json("payload", &self.payload).map_err(Invalid)
     }
 }
 

@@ -27,6 +27,11 @@ pub async fn sweep(state: &AppState) -> Result<(), sqlx::Error> {
         metrics::counter!("cifpool_queue_expired_total", "class" => class.clone()).increment(n as u64);
         tracing::warn!(%class, jobs = n, "expired jobs that missed their deadline while waiting");
     }
+    // Bounded per pass so a first purge of a large backlog does not become one long transaction.
+    let purged = store::purge_finished(&state.db, state.queue.settings.retention, 10 * SWEEP_BATCH).await?;
+    if purged > 0 {
+        tracing::info!(jobs = purged, "purged finished jobs past retention");
+    }
     Ok(())
 }
 

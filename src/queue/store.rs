@@ -245,3 +245,21 @@ pub async fn expire_overdue(db: &PgPool, batch: i64) -> Result<Vec<(String, i64)
     .fetch_all(db)
     .await
 }
+
+/// Deletes up to `batch` finished jobs (and their results) older than `retention`; returns how many.
+pub async fn purge_finished(db: &PgPool, retention: Duration, batch: i64) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "WITH old AS ( \
+            SELECT id FROM notification_jobs \
+            WHERE finished_at < now() - $1::float8 * interval '1 second' \
+              AND status IN ('sent', 'dead', 'expired') \
+            LIMIT $2 FOR UPDATE SKIP LOCKED), \
+         results AS (DELETE FROM notification_results r USING old WHERE r.job_id = old.id) \
+         DELETE FROM notification_jobs j USING old WHERE j.id = old.id",
+    )
+    .bind(retention.as_secs_f64())
+    .bind(batch)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}
