@@ -90,6 +90,9 @@ pub struct QueueSettings {
     pub max_batch: usize,
     /// Body limit of the batch endpoint, in bytes.
     pub batch_body_limit_bytes: usize,
+    /// Request deadline of the batch endpoint (a 500,000-job batch takes seconds).
+    #[serde(with = "humantime_serde")]
+    pub batch_timeout: Duration,
     /// Finished jobs (sent, dead, expired) and their results are deleted after this long.
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
@@ -100,6 +103,21 @@ pub struct QueueSettings {
     pub classes: Vec<ClassSettings>,
     /// Providers by name.
     pub providers: std::collections::BTreeMap<String, ProviderSettings>,
+}
+
+impl QueueSettings {
+    /// The groups to run: explicit `[[queue.groups]]`, else the strategy preset (empty groups dropped).
+    pub fn group_policies(&self) -> Vec<crate::queue::policy::GroupPolicy> {
+        if !self.groups.is_empty() {
+            return self.groups.clone();
+        }
+        let all: Vec<String> = self.classes.iter().map(|c| c.name.clone()).collect();
+        self.strategy
+            .groups(self.workers, self.reserved, &self.urgent_classes, &all)
+            .into_iter()
+            .filter(|g| g.size > 0)
+            .collect()
+    }
 }
 
 /// Intake behaviour under overload.
@@ -510,6 +528,12 @@ impl Settings {
         }
         if let Some(c) = q.urgent_classes.iter().find(|c| !q.classes.iter().any(|k| &k.name == *c)) {
             return invalid("queue.urgent_classes".into(), format!("unknown class {c:?}"));
+        }
+        // Every class needs at least one worker, or its messages would wait forever.
+        let groups = q.group_policies();
+        if let Some(c) = q.classes.iter().find(|c| !groups.iter().any(|g| g.size > 0 && g.takes(&c.name))) {
+            let key = if q.groups.is_empty() { "queue.reserved" } else { "queue.groups" };
+            return invalid(key.into(), format!("no worker group with workers takes class {:?}", c.name));
         }
         if q.claim_batch == 0 || q.max_batch == 0 {
             return invalid("queue.claim_batch".into(), "claim_batch and max_batch must be at least 1".into());

@@ -23,6 +23,7 @@ pub mod config;
 pub mod db;
 pub mod http;
 pub mod keys;
+pub mod lab;
 pub mod queue;
 pub mod schedule;
 pub mod startup;

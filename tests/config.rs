@@ -118,3 +118,15 @@ fn config_check_fails_nonzero_naming_the_key() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("server.request_timeout"), "{stderr}");
 }
+
+#[test]
+fn every_message_class_needs_a_worker() {
+    let f = toml_file("[queue]\nstrategy = \"bulkhead\"\nreserved = 0\n");
+    let msg = error_text(Settings::load_with_env(Some(f.path()), Vec::new()));
+    assert!(msg.contains("queue.reserved") && msg.contains("otp"), "{msg}");
+    let f = toml_file("[queue]\nstrategy = \"bulkhead\"\nworkers = 8\nreserved = 8\n");
+    let msg = error_text(Settings::load_with_env(Some(f.path()), Vec::new()));
+    assert!(msg.contains("promo") || msg.contains("transactional"), "{msg}");
+    let f = toml_file("[queue]\nstrategy = \"priority\"\nworkers = 8\nreserved = 0\n");
+    Settings::load_with_env(Some(f.path()), Vec::new()).unwrap();
+}

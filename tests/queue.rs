@@ -514,3 +514,40 @@ async fn serve_runs_the_worker_groups_next_to_the_cif_api() {
     assert_eq!(sms.fake.deliveries_of(&id.to_string()), 1);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_job_that_keeps_killing_its_worker_is_dead_lettered_by_the_sweep() {
+    let e = env().await;
+    let id = e.enqueue("otp", "auth", 1).await[0];
+    let group = e.group(Strategy::Priority, 0);
+    let max = e.app.state.queue.classes["otp"].settings.max_attempts;
+    for round in 1..=max {
+        // A worker claims it and dies mid-send: only the lease sweep notices.
+        assert_eq!(group.claim(1).await.unwrap().len(), 1, "round {round}");
+        sqlx::query("UPDATE notification_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
+            .bind(id)
+            .execute(&e.db.pool)
+            .await
+            .unwrap();
+        assert_eq!(store::rescue_expired_leases(&e.db.pool, 100).await.unwrap(), 1);
+    }
+    assert_eq!(e.status(id).await, "dead", "attempts are bounded even when no attempt ever finishes");
+}
+
+#[tokio::test]
+async fn an_idempotent_retry_gets_its_job_even_while_intake_sheds_load() {
+    let e = env().await;
+    let body = json!({ "class": "promo", "tenant": " shop ", "recipient": " dev-9 ", "idempotency_key": "camp-1" });
+    let first: Value =
+        e.app.client.post(e.app.url("/v1/notifications")).json(&body).send().await.unwrap().json().await.unwrap();
+    e.app
+        .state
+        .queue_stats
+        .set("promo", ClassStats { pending: 1_000_000, oldest_age_s: 60.0, drain_per_s: 1.0, dead: 0 });
+    let again = e.app.client.post(e.app.url("/v1/notifications")).json(&body).send().await.unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.json::<Value>().await.unwrap()["id"], first["id"]);
+    let (tenant, recipient): (String, String) =
+        sqlx::query_as("SELECT tenant, recipient FROM notification_jobs").fetch_one(&e.db.pool).await.unwrap();
+    assert_eq!((tenant.as_str(), recipient.as_str()), ("shop", "dev-9"), "stored trimmed");
+}

@@ -36,16 +36,18 @@ pub fn app(state: AppState) -> Router {
         }))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(middleware::from_fn(record_metrics))
-        .layer(middleware::map_response(error::problem_for_plain_errors))
-        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, server.request_timeout));
+        .layer(middleware::map_response(error::problem_for_plain_errors));
     let ordinary = Router::new()
         .merge(health::router())
         .merge(cif::router())
         .merge(admin::router())
         .merge(notifications::router())
-        .layer(RequestBodyLimitLayer::new(server.body_limit_bytes));
-    let bulk =
-        notifications::batch_router().layer(RequestBodyLimitLayer::new(state.settings.queue.batch_body_limit_bytes));
+        .layer(RequestBodyLimitLayer::new(server.body_limit_bytes))
+        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, server.request_timeout));
+    let queue = &state.settings.queue;
+    let bulk = notifications::batch_router()
+        .layer(RequestBodyLimitLayer::new(queue.batch_body_limit_bytes))
+        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, queue.batch_timeout));
     Router::new()
         .merge(ordinary)
         .merge(bulk)

@@ -55,9 +55,16 @@ struct Accepted {
 
 async fn enqueue_one(
     State(state): State<AppState>,
-    Json(job): Json<NewJob>,
+    Json(mut job): Json<NewJob>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    job.normalize();
     job.validate(&state.queue).map_err(|e| ApiError::Unprocessable(e.0))?;
+    // A retried request gets its job back even while intake is shedding load.
+    if let Some(key) = &job.idempotency_key
+        && let Some(id) = enqueue::existing(&state.db, &job.tenant, key).await?
+    {
+        return Ok((StatusCode::OK, Json(Accepted { id, status: "accepted", created: false })));
+    }
     let admission = enqueue::admit(&state.queue, &state.queue_stats, &job.class);
     if let Some(e) = admission_error(&job.class, admission) {
         metrics::counter!("cifpool_queue_rejected_total", "class" => job.class.clone()).increment(1);
@@ -111,13 +118,14 @@ async fn enqueue_batch(
     }
     let mut jobs = Vec::with_capacity(req.jobs.len());
     for (i, j) in req.jobs.into_iter().enumerate() {
-        let job = NewJob {
+        let mut job = NewJob {
             class: j.class.or_else(|| req.class.clone()).unwrap_or_default(),
             tenant: j.tenant.or_else(|| req.tenant.clone()).unwrap_or_default(),
             recipient: j.recipient,
             payload: j.payload,
             idempotency_key: j.idempotency_key,
         };
+        job.normalize();
         job.validate(&state.queue).map_err(|e| ApiError::Unprocessable(format!("jobs[{i}]: {}", e.0)))?;
         jobs.push(job);
     }
@@ -134,11 +142,11 @@ async fn enqueue_batch(
         }
         delay = delay.max(delay_of(admission));
     }
-    let accepted = enqueue::enqueue_batch(&state.db, &state.queue, &jobs, delay).await?;
-    for class in classes {
-        let n = jobs.iter().filter(|j| j.class == class).count() as u64;
-        metrics::counter!("cifpool_queue_enqueued_total", "class" => class.to_string()).increment(n);
+    let per_class = enqueue::enqueue_batch(&state.db, &state.queue, &jobs, delay).await?;
+    for (class, n) in &per_class {
+        metrics::counter!("cifpool_queue_enqueued_total", "class" => class.clone()).increment(*n);
     }
+    let accepted: u64 = per_class.values().sum();
     Ok((StatusCode::ACCEPTED, Json(BatchAccepted { accepted, duplicates: jobs.len() as u64 - accepted })))
 }
 

@@ -40,6 +40,16 @@ pub struct NewJob {
 pub struct Invalid(pub String);
 
 impl NewJob {
+    /// Trims the label-like fields, so `" bank"` and `"bank"` are one tenant.
+    pub fn normalize(&mut self) {
+        for field in [&mut self.tenant, &mut self.recipient] {
+            let trimmed = field.trim();
+            if trimmed.len() != field.len() {
+                *field = trimmed.to_string();
+            }
+        }
+    }
+
     /// Checks the job against the configured classes.
     pub fn validate(&self, rt: &QueueRuntime) -> Result<(), Invalid> {
         if !rt.classes.contains_key(&self.class) {
@@ -47,8 +57,8 @@ impl NewJob {
             return Err(Invalid(format!("unknown class {:?}; known classes: {}", self.class, known.join(", "))));
         }
         use crate::validate;
-        validate::text("recipient", self.recipient.trim(), MAX_RECIPIENT).map_err(Invalid)?;
-        validate::text("tenant", self.tenant.trim(), MAX_LABEL).map_err(Invalid)?;
+        validate::text("recipient", &self.recipient, MAX_RECIPIENT).map_err(Invalid)?;
+        validate::text("tenant", &self.tenant, MAX_LABEL).map_err(Invalid)?;
         if let Some(key) = &self.idempotency_key {
             validate::text("idempotency_key", key, MAX_LABEL).map_err(Invalid)?;
         }
@@ -125,6 +135,15 @@ pub struct Enqueued {
     pub created: bool,
 }
 
+/// The job an idempotency key already produced, if any.
+pub async fn existing(db: &PgPool, tenant: &str, key: &str) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM notification_jobs WHERE tenant = $1 AND idempotency_key = $2")
+        .bind(tenant)
+        .bind(key)
+        .fetch_optional(db)
+        .await
+}
+
 /// Inserts one job (validated by the caller), `delay` after now.
 pub async fn enqueue_one(
     db: &PgPool,
@@ -133,16 +152,10 @@ pub async fn enqueue_one(
     delay: Duration,
 ) -> Result<Enqueued, sqlx::Error> {
     let class = &rt.classes[&job.class].settings;
-    if let Some(key) = &job.idempotency_key {
-        let existing: Option<i64> =
-            sqlx::query_scalar("SELECT id FROM notification_jobs WHERE tenant = $1 AND idempotency_key = $2")
-                .bind(&job.tenant)
-                .bind(key)
-                .fetch_optional(db)
-                .await?;
-        if let Some(id) = existing {
-            return Ok(Enqueued { id, created: false });
-        }
+    if let Some(key) = &job.idempotency_key
+        && let Some(id) = existing(db, &job.tenant, key).await?
+    {
+        return Ok(Enqueued { id, created: false });
     }
     let mut tx = db.begin().await?;
     let (fair_key, _) = reserve_fair_keys(&mut tx, class.priority, &job.tenant, 1, weight(rt, &job.tenant)).await?;
@@ -182,14 +195,16 @@ pub async fn enqueue_one(
 
 /// Inserts many validated jobs in one transaction with array binds (`INSERT … SELECT FROM unnest`),
 /// fair keys reserved once per (priority, tenant). Jobs whose idempotency key exists are skipped.
-/// Returns how many rows were inserted.
+/// Returns how many rows were inserted per class.
 pub async fn enqueue_batch(
     db: &PgPool,
     rt: &QueueRuntime,
     jobs: &[NewJob],
     delay: Duration,
-) -> Result<u64, sqlx::Error> {
+) -> Result<BTreeMap<String, u64>, sqlx::Error> {
     let mut tx = db.begin().await?;
+    // A large batch is one transaction of several statements; give each the time it needs.
+    sqlx::query("SET LOCAL statement_timeout = '60s'").execute(&mut *tx).await?;
     // Fair keys: a contiguous run per (priority, tenant), in request order.
     let mut groups: BTreeMap<(i16, &str), Vec<usize>> = BTreeMap::new();
     for (i, job) in jobs.iter().enumerate() {
@@ -202,7 +217,7 @@ pub async fn enqueue_batch(
             keys[i] = first + step * n as f64;
         }
     }
-    let mut inserted = 0;
+    let mut inserted: BTreeMap<String, u64> = BTreeMap::new();
     for (chunk_no, chunk) in jobs.chunks(CHUNK).enumerate() {
         let offset = chunk_no * CHUNK;
         let mut class = Vec::with_capacity(chunk.len());
@@ -226,14 +241,15 @@ pub async fn enqueue_batch(
             deadline.push(c.deadline.map(|d| d.as_secs_f64()));
             key.push(job.idempotency_key.as_deref());
         }
-        let done = sqlx::query(
-            "INSERT INTO notification_jobs \
+        let counts: Vec<(String, i64)> = sqlx::query_as(
+            "WITH ins AS (INSERT INTO notification_jobs \
                 (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, idempotency_key) \
              SELECT c, p, t, f, r, pl, a, now() + $10::float8 * interval '1 second', \
                     clock_timestamp() + d * interval '1 second', k \
              FROM unnest($1::text[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::jsonb[], $7::int4[], \
                          $8::float8[], $9::text[]) AS u(c, p, t, f, r, pl, a, d, k) \
-             ON CONFLICT (tenant, idempotency_key) DO NOTHING",
+             ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING class) \
+             SELECT class, count(*) FROM ins GROUP BY class",
         )
         .bind(&class)
         .bind(&priority)
@@ -245,9 +261,11 @@ pub async fn enqueue_batch(
         .bind(&deadline)
         .bind(&key)
         .bind(delay.as_secs_f64())
-        .execute(&mut *tx)
+        .fetch_all(&mut *tx)
         .await?;
-        inserted += done.rows_affected();
+        for (class, n) in counts {
+            *inserted.entry(class).or_default() += n as u64;
+        }
     }
     tx.commit().await?;
     Ok(inserted)

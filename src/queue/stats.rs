@@ -17,7 +17,7 @@ pub const DRAIN_WINDOW: Duration = Duration::from_secs(30);
 pub struct ClassStats {
     /// Jobs waiting (pending or retrying).
     pub pending: u64,
-    /// Age of the oldest waiting job, seconds.
+    /// Age of the oldest job that is due (not waiting out a backoff or a deferral), seconds.
     pub oldest_age_s: f64,
     /// Jobs finished per second over the last [`DRAIN_WINDOW`].
     pub drain_per_s: f64,
@@ -57,7 +57,8 @@ impl QueueStats {
     /// Reads every class's numbers from the database and publishes the gauges.
     pub async fn refresh(&self, db: &PgPool, rt: &QueueRuntime) -> Result<(), sqlx::Error> {
         let waiting: Vec<(String, i64, f64)> = sqlx::query_as(
-            "SELECT class, count(*), coalesce(extract(epoch FROM now() - min(created_at))::float8, 0) \
+            "SELECT class, count(*), \
+                    coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE run_after <= now()))::float8, 0) \
              FROM notification_jobs WHERE status IN ('pending', 'failed-retrying') GROUP BY class",
         )
         .fetch_all(db)

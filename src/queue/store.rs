@@ -215,11 +215,13 @@ pub async fn heartbeat(db: &PgPool, job: &ClaimedJob, lease: Duration) -> Result
 }
 
 static RESCUE: LazyLock<String> = LazyLock::new(|| {
+    // A job whose every attempt killed or hung its worker must not loop forever: dead-letter it.
     JOBS.sweep_sql(
         SENDING,
-        "'failed-retrying'",
+        "CASE WHEN t.attempts >= t.max_attempts THEN 'dead' ELSE 'failed-retrying' END",
         "TRUE",
-        "run_after = now(), last_error = 'lease expired: worker lost during send'",
+        "run_after = now(), last_error = 'lease expired: worker lost during send', \
+         finished_at = CASE WHEN t.attempts >= t.max_attempts THEN clock_timestamp() END",
         "t.id",
     )
 });

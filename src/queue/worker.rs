@@ -59,14 +59,9 @@ impl QueueRuntime {
         Arc::new(QueueRuntime { settings, classes, providers, wake: Notify::new() })
     }
 
-    /// The groups to run: explicit `[[queue.groups]]`, else the strategy preset.
+    /// The groups to run (see [`QueueSettings::group_policies`]).
     pub fn group_policies(&self) -> Vec<GroupPolicy> {
-        let s = &self.settings;
-        if !s.groups.is_empty() {
-            return s.groups.clone();
-        }
-        let all: Vec<String> = s.classes.iter().map(|c| c.name.clone()).collect();
-        s.strategy.groups(s.workers, s.reserved, &s.urgent_classes, &all).into_iter().filter(|g| g.size > 0).collect()
+        self.settings.group_policies()
     }
 }
 
@@ -116,14 +111,16 @@ impl WorkerGroup {
     pub async fn claim(&self, n: usize) -> Result<Vec<ClaimedJob>, sqlx::Error> {
         let mut classes = Vec::new();
         let mut caps = Vec::new();
-        let mut capacity = 0usize;
+        // Claim no more than the tightest provider among the claimable classes has free, so a claimed
+        // job does not sit waiting for a provider slot while its lease and deadline run.
+        let mut capacity = usize::MAX;
         for name in &self.policy.classes {
             let Some(class) = self.runtime.classes.get(name) else { continue };
             let free = class.provider.limiter.available() as usize;
             if free > 0 {
                 classes.push(name.clone());
                 caps.push(class.settings.tenant_inflight_cap as i32);
-                capacity = capacity.max(free);
+                capacity = capacity.min(free);
             }
         }
         if classes.is_empty() || n == 0 {
@@ -211,22 +208,29 @@ impl WorkerGroup {
                 }
                 let delay = backoff(class.settings.backoff_base, class.settings.backoff_cap, job.attempt);
                 if job.deadline.is_some_and(|d| chrono::Utc::now() + delay >= d) {
-                    metrics::counter!("cifpool_queue_expired_total", "class" => job.class.clone()).increment(1);
                     let fenced = store::mark_final(&self.db, &job, FinalState::Expired, &error).await?;
-                    return Ok(fenced_or(fenced, job.id, Outcome::Expired(job.id)));
+                    return Ok(self.counted(fenced, &job, "cifpool_queue_expired_total", Outcome::Expired(job.id)));
                 }
-                metrics::counter!("cifpool_queue_retries_total", "class" => job.class.clone()).increment(1);
                 let fenced = store::mark_retry(&self.db, &job, delay, &error).await?;
-                Ok(fenced_or(fenced, job.id, Outcome::Retrying(job.id)))
+                Ok(self.counted(fenced, &job, "cifpool_queue_retries_total", Outcome::Retrying(job.id)))
             }
         }
     }
 
     async fn dead(&self, job: &ClaimedJob, error: &str) -> Result<Outcome, sqlx::Error> {
-        metrics::counter!("cifpool_queue_dead_total", "class" => job.class.clone()).increment(1);
-        tracing::warn!(job = job.id, class = %job.class, error, "job dead-lettered");
         let fenced = store::mark_final(&self.db, job, FinalState::Dead, error).await?;
-        Ok(fenced_or(fenced, job.id, Outcome::Dead(job.id)))
+        if fenced == Fenced::Done {
+            tracing::warn!(job = job.id, class = %job.class, error, "job dead-lettered");
+        }
+        Ok(self.counted(fenced, job, "cifpool_queue_dead_total", Outcome::Dead(job.id)))
+    }
+
+    /// Counts an outcome only when our fenced write took effect (a lost lease is counted apart).
+    fn counted(&self, fenced: Fenced, job: &ClaimedJob, counter: &'static str, done: Outcome) -> Outcome {
+        if fenced == Fenced::Done {
+            metrics::counter!(counter, "class" => job.class.clone()).increment(1);
+        }
+        fenced_or(fenced, job.id, done)
     }
 
     /// Extends the lease every third of its length; returns (ending the select) only if the lease
@@ -319,7 +323,7 @@ pub async fn listen(db: PgPool, runtime: Arc<QueueRuntime>, stop: CancellationTo
             }
         };
         if listener.listen("cifpool_jobs").await.is_err() {
-            continue;
+            tokio::select! { _ = stop.cancelled() => return, _ = tokio::time::sleep(Duration::from_secs(2)) => continue }
         }
         loop {
             tokio::select! {

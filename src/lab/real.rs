@@ -1,0 +1,390 @@
+//! `cifpool lab`: the brief's scaled-down experiment on the real queue — real worker groups, the real
+//! claim SQL, a real Postgres, fake providers over HTTP with the scenario's latencies.
+//!
+//! Per cell (strategy × scenario): a fresh set of tables, a promo batch inserted first, OTPs injected
+//! at a fixed rate from `otp_start` for `otp_window`, the groups run for `duration`, then the OTPs'
+//! waits (`picked_at - created_at`) are read back from the jobs table.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ClassSettings, ProviderKind, ProviderSettings, QueueSettings};
+use crate::queue::enqueue::{self, NewJob};
+use crate::queue::fake_provider::{FakeBehaviour, FakeProvider};
+use crate::queue::policy::Strategy;
+use crate::queue::worker::{QueueRuntime, WorkerGroup};
+
+/// Lab scenarios of the brief.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LabScenario {
+    /// Push hangs (3000 ms), SMS healthy (300 ms).
+    PushHang,
+    /// Push healthy (50 ms), SMS slow (1500 ms).
+    SmsSlow,
+}
+
+impl LabScenario {
+    /// Both, in the brief's order.
+    pub const ALL: [LabScenario; 2] = [LabScenario::PushHang, LabScenario::SmsSlow];
+
+    /// Kebab-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            LabScenario::PushHang => "push-hang",
+            LabScenario::SmsSlow => "sms-slow",
+        }
+    }
+}
+
+/// Parameters of the lab (the brief's values by default).
+#[derive(Debug, Clone)]
+pub struct LabOptions {
+    /// Workers in all.
+    pub workers: usize,
+    /// Workers reserved for OTP (bulkhead, floor-borrow).
+    pub reserved: usize,
+    /// Promo jobs inserted before the run.
+    pub promo: usize,
+    /// OTPs per second.
+    pub otp_rate: f64,
+    /// When OTP injection starts.
+    pub otp_start: Duration,
+    /// How long OTPs are injected.
+    pub otp_window: Duration,
+    /// How long the workers run.
+    pub duration: Duration,
+    /// Push latency under push-hang.
+    pub push_hang_push: Duration,
+    /// SMS latency under push-hang.
+    pub push_hang_sms: Duration,
+    /// Push latency under sms-slow.
+    pub sms_slow_push: Duration,
+    /// SMS latency under sms-slow.
+    pub sms_slow_sms: Duration,
+}
+
+impl Default for LabOptions {
+    fn default() -> Self {
+        LabOptions {
+            workers: 20,
+            reserved: 6,
+            promo: 20_000,
+            otp_rate: 10.0,
+            otp_start: Duration::from_secs(3),
+            otp_window: Duration::from_secs(15),
+            duration: Duration::from_secs(25),
+            push_hang_push: Duration::from_millis(3000),
+            push_hang_sms: Duration::from_millis(300),
+            sms_slow_push: Duration::from_millis(50),
+            sms_slow_sms: Duration::from_millis(1500),
+        }
+    }
+}
+
+impl LabOptions {
+    fn latencies(&self, scenario: LabScenario) -> (Duration, Duration) {
+        match scenario {
+            LabScenario::PushHang => (self.push_hang_push, self.push_hang_sms),
+            LabScenario::SmsSlow => (self.sms_slow_push, self.sms_slow_sms),
+        }
+    }
+}
+
+/// One OTP's fate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LabOtp {
+    /// Seconds after the cell started.
+    pub created_s: f64,
+    /// `picked_at - created_at`, if picked within the run.
+    pub wait_s: Option<f64>,
+}
+
+/// One cell's outcome.
+#[derive(Debug, Clone)]
+pub struct LabCell {
+    /// Strategy.
+    pub strategy: Strategy,
+    /// Scenario.
+    pub scenario: LabScenario,
+    /// Every OTP injected.
+    pub otps: Vec<LabOtp>,
+    /// Promo jobs sent within the run.
+    pub promo_done: u64,
+}
+
+impl LabCell {
+    /// OTPs injected.
+    pub fn otp_total(&self) -> usize {
+        self.otps.len()
+    }
+
+    /// Waits of the OTPs picked within the run, sorted.
+    pub fn waits(&self) -> Vec<f64> {
+        let mut w: Vec<f64> = self.otps.iter().filter_map(|o| o.wait_s).collect();
+        w.sort_by(f64::total_cmp);
+        w
+    }
+
+    /// Median wait of served OTPs.
+    pub fn p50_s(&self) -> Option<f64> {
+        let w = self.waits();
+        (!w.is_empty()).then(|| w[(w.len() - 1) / 2])
+    }
+
+    /// Longest wait of served OTPs.
+    pub fn max_s(&self) -> Option<f64> {
+        self.waits().last().copied()
+    }
+
+    /// The CSV row (`strategy,scenario,otp_total,otp_served,p50_s,max_s,promo_done`).
+    pub fn csv_line(&self) -> String {
+        let f = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_default();
+        format!(
+            "{},{},{},{},{},{},{}",
+            self.strategy.name(),
+            self.scenario.name(),
+            self.otp_total(),
+            self.waits().len(),
+            f(self.p50_s()),
+            f(self.max_s()),
+            self.promo_done
+        )
+    }
+}
+
+/// CSV header of `lab.csv`.
+pub const CSV_HEADER: &str = "strategy,scenario,otp_total,otp_served,p50_s,max_s,promo_done";
+
+async fn fake(latency: Duration) -> anyhow::Result<(Arc<FakeProvider>, String, CancellationToken)> {
+    let fake = FakeProvider::new(FakeBehaviour { latency_ms: latency.as_millis() as u64, ..Default::default() });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let stop = CancellationToken::new();
+    tokio::spawn(crate::queue::fake_provider::serve(fake.clone(), listener, stop.clone().cancelled_owned()));
+    Ok((fake, url, stop))
+}
+
+/// Queue settings of a lab cell: the two classes of the brief, providers without limits (the lab
+/// studies worker scheduling, not provider back-off), one claim per worker as in the brief.
+fn lab_queue(opts: &LabOptions, strategy: Strategy, sms_url: &str, push_url: &str) -> QueueSettings {
+    let class = |name: &str, priority: i16, provider: &str| ClassSettings {
+        name: name.into(),
+        priority,
+        provider: provider.into(),
+        max_attempts: 3,
+        // The brief's lab measures how long an OTP waits, so no deadline cuts the wait short.
+        deadline: None,
+        backoff_base: Duration::from_millis(100),
+        backoff_cap: Duration::from_secs(1),
+        target_wait: None,
+        tenant_inflight_cap: 1_000_000,
+    };
+    let provider = |url: &str| ProviderSettings {
+        kind: ProviderKind::Http,
+        url: Some(url.into()),
+        timeout: Duration::from_secs(20),
+        max_concurrency: 100_000,
+        min_concurrency: 1,
+    };
+    QueueSettings {
+        workers_enabled: true,
+        strategy,
+        workers: opts.workers,
+        reserved: opts.reserved,
+        urgent_classes: vec!["otp".into()],
+        groups: Vec::new(),
+        poll_interval: Duration::from_millis(50),
+        claim_batch: 1,
+        lease: Duration::from_secs(60),
+        sweep_schedule: "*/5 * * * * *".into(),
+        overload: crate::config::OverloadMode::Reject,
+        max_batch: usize::MAX,
+        batch_body_limit_bytes: usize::MAX,
+        batch_timeout: Duration::from_secs(600),
+        retention: Duration::from_secs(86_400),
+        tenant_weights: Default::default(),
+        classes: vec![class("otp", 0, "sms"), class("promo", 2, "push")],
+        providers: [("sms".to_string(), provider(sms_url)), ("push".to_string(), provider(push_url))]
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// Runs one cell on `db` (whose queue tables it empties first).
+pub async fn run_cell(
+    db: &PgPool,
+    opts: &LabOptions,
+    strategy: Strategy,
+    scenario: LabScenario,
+    bar: &ProgressBar,
+) -> anyhow::Result<LabCell> {
+    sqlx::query("TRUNCATE notification_results, notification_jobs, notification_tenant_clock")
+        .execute(db)
+        .await
+        .context("emptying the queue tables")?;
+    let (push_latency, sms_latency) = opts.latencies(scenario);
+    let (_sms, sms_url, sms_stop) = fake(sms_latency).await?;
+    let (_push, push_url, push_stop) = fake(push_latency).await?;
+    let rt = QueueRuntime::new(lab_queue(opts, strategy, &sms_url, &push_url));
+
+    let promo: Vec<NewJob> = (0..opts.promo)
+        .map(|i| NewJob {
+            class: "promo".into(),
+            tenant: "lab".into(),
+            recipient: format!("device-{i}"),
+            payload: serde_json::json!({ "campaign": "lab" }),
+            idempotency_key: None,
+        })
+        .collect();
+    enqueue::enqueue_batch(db, &rt, &promo, Duration::ZERO).await.context("inserting the promo batch")?;
+
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let t0: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(db).await?;
+    let mut tasks = tokio::task::JoinSet::new();
+    for policy in rt.group_policies() {
+        tasks.spawn(WorkerGroup::new(policy, db.clone(), rt.clone()).run(stop.clone(), Duration::ZERO));
+    }
+    tasks.spawn(crate::queue::worker::listen(db.clone(), rt.clone(), stop.clone()));
+
+    // OTPs at a fixed rate, each at its scheduled instant (no drift from insert latency).
+    let injector = {
+        let (db, rt, opts) = (db.clone(), rt.clone(), opts.clone());
+        tokio::spawn(async move {
+            let count = (opts.otp_rate * opts.otp_window.as_secs_f64()).round() as usize;
+            for i in 0..count {
+                let at = opts.otp_start + Duration::from_secs_f64(i as f64 / opts.otp_rate);
+                tokio::time::sleep_until(tokio::time::Instant::from_std(started + at)).await;
+                let job = NewJob {
+                    class: "otp".into(),
+                    tenant: "lab".into(),
+                    recipient: format!("+8490{i:07}"),
+                    payload: serde_json::json!({ "code": "000000" }),
+                    idempotency_key: None,
+                };
+                if let Err(e) = enqueue::enqueue_one(&db, &rt, &job, Duration::ZERO).await {
+                    tracing::warn!(error = %e, "lab: OTP insert failed");
+                }
+            }
+        })
+    };
+    while started.elapsed() < opts.duration {
+        bar.set_position(started.elapsed().as_secs());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let t_end: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(db).await?;
+    stop.cancel();
+    injector.abort();
+    // Sends still in flight (a hanging push) are abandoned: the run is over.
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    sms_stop.cancel();
+    push_stop.cancel();
+
+    let rows: Vec<(f64, Option<f64>)> = sqlx::query_as(
+        "SELECT extract(epoch FROM created_at - $1)::float8, \
+                CASE WHEN picked_at <= $2 THEN extract(epoch FROM picked_at - created_at)::float8 END \
+         FROM notification_jobs WHERE class = 'otp' ORDER BY id",
+    )
+    .bind(t0)
+    .bind(t_end)
+    .fetch_all(db)
+    .await?;
+    let promo_done: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM notification_jobs WHERE class = 'promo' AND status = 'sent' AND finished_at <= $1",
+    )
+    .bind(t_end)
+    .fetch_one(db)
+    .await?;
+    bar.finish();
+    Ok(LabCell {
+        strategy,
+        scenario,
+        otps: rows.into_iter().map(|(created_s, wait_s)| LabOtp { created_s, wait_s }).collect(),
+        promo_done: promo_done as u64,
+    })
+}
+
+/// Runs every requested cell, one after another, with a progress bar each.
+pub async fn run_all(
+    db: &PgPool,
+    opts: &LabOptions,
+    strategies: &[Strategy],
+    scenarios: &[LabScenario],
+    progress: bool,
+) -> anyhow::Result<Vec<LabCell>> {
+    let mut cells = Vec::new();
+    for &scenario in scenarios {
+        for &strategy in strategies {
+            let bar = if progress { ProgressBar::new(opts.duration.as_secs()) } else { ProgressBar::hidden() };
+            bar.set_style(
+                ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos:>2}/{len}s").expect("static template"),
+            );
+            bar.set_prefix(format!("{} / {}", strategy.name(), scenario.name()));
+            cells.push(run_cell(db, opts, strategy, scenario, &bar).await?);
+        }
+    }
+    Ok(cells)
+}
+
+/// Writes `lab.csv` and `lab.md` into `dir`.
+pub fn write_tables(dir: &Path, cells: &[LabCell]) -> anyhow::Result<(PathBuf, PathBuf)> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let csv = dir.join("lab.csv");
+    let mut text = format!("{CSV_HEADER}\n");
+    for c in cells {
+        text.push_str(&c.csv_line());
+        text.push('\n');
+    }
+    std::fs::write(&csv, text)?;
+    let md = dir.join("lab.md");
+    let mut table = String::from(
+        "| strategy | scenario | OTP total | OTP served | p50 wait (s) | max wait (s) | promo done |\n|---|---|---:|---:|---:|---:|---:|\n",
+    );
+    for c in cells {
+        let f = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_else(|| "—".into());
+        table.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            c.strategy.name(),
+            c.scenario.name(),
+            c.otp_total(),
+            c.waits().len(),
+            f(c.p50_s()),
+            f(c.max_s()),
+            c.promo_done
+        ));
+    }
+    std::fs::write(&md, table)?;
+    Ok((csv, md))
+}
+
+/// Name of the lab's scratch database (dropped and recreated at every run).
+pub const LAB_DATABASE: &str = "cifpool_lab";
+
+/// Opens the configured server (embedded by default) and a freshly created, migrated scratch
+/// database on it, so the lab never touches the service's own tables.
+pub async fn open_lab_database(
+    settings: &crate::config::Settings,
+) -> anyhow::Result<(crate::startup::Database, PgPool)> {
+    let database = crate::startup::Database::open(settings).await?;
+    let options = database.pool.connect_options().as_ref().clone();
+    let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {LAB_DATABASE} WITH (FORCE)")))
+        .execute(&admin)
+        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {LAB_DATABASE}")))
+        .execute(&admin)
+        .await
+        .context("creating the lab database (the role needs CREATEDB)")?;
+    admin.close().await;
+    let db =
+        sqlx::postgres::PgPoolOptions::new().max_connections(40).connect_with(options.database(LAB_DATABASE)).await?;
+    crate::db::migrate(&db).await?;
+    Ok((database, db))
+}
