@@ -1,30 +1,86 @@
 # syntax=docker/dockerfile:1
+#
 # Build: docker build -t cifpool .
-# Run:   docker run -e CIFPOOL_DATABASE__URL=postgres://… -e CIFPOOL_SECURITY__ADMIN_TOKEN=… \
-#          -v /path/to/master.key:/run/secrets/cifpool-master-key:ro -p 8080:8080 cifpool
+# Run:   docker run -p 8080:8080 \
+#          -e CIFPOOL_DATABASE__URL='postgres://cifpool:…@db:5432/cifpool' \
+#          -e CIFPOOL_SECURITY__ADMIN_TOKEN='…at least 16 characters…' \
+#          -v "$PWD/cifpool.toml:/etc/cifpool/cifpool.toml:ro" \
+#          -v "$PWD/master.key:/run/secrets/cifpool-master-key:ro" \
+#          cifpool
+#
+# The image carries no configuration and no key: both are mounted (see docs/OPERATIONS.md). Without a
+# file at CIFPOOL_CONFIG the process refuses to start, on purpose: the compiled-in defaults use "noop"
+# notification providers that silently send nothing. Every subcommand reads that file too; for one that
+# needs no configuration, unset the variable:  docker run --rm --entrypoint env cifpool -u CIFPOOL_CONFIG cifpool keygen
+# The build and runtime stages must use the same Debian release (the binary links against its glibc).
+ARG RUST_VERSION=1.95
+ARG DEBIAN_RELEASE=bookworm
 
-FROM rust:1.95-bookworm AS build
+############################################################################################################
+FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS build
 WORKDIR /src
-# Dependency layer: build against stub sources so this layer is cached until Cargo.toml/Cargo.lock change.
+
+# 1. Dependency layer, cached until Cargo.toml or Cargo.lock change. Cargo needs every target the manifest
+#    declares to exist, so the stubs cover src/lib.rs, src/main.rs and the [[bench]] benches/feistel.rs.
+#    The stubs reference none of the files the real crate embeds at compile time (assets/ via
+#    include_bytes!, config/default.toml via include_str!, migrations/ via sqlx::migrate!), so they are not
+#    needed here. The stub crate's own artifacts are then deleted, so the real sources below are always
+#    rebuilt, whatever their timestamps.
 COPY Cargo.toml Cargo.lock ./
 RUN mkdir -p src benches \
- && echo 'fn main() {}' > src/main.rs && echo '' > src/lib.rs \
- && cargo build --release --locked --bin cifpool || true
-COPY . .
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin cifpool
+ && echo 'fn main() {}' > src/main.rs \
+ && : > src/lib.rs \
+ && echo 'fn main() {}' > benches/feistel.rs \
+ && cargo build --release --locked --bin cifpool \
+ && rm -rf src benches \
+      target/release/cifpool target/release/cifpool.d \
+      target/release/deps/cifpool-* target/release/deps/libcifpool-* \
+      target/release/.fingerprint/cifpool-*
 
-FROM debian:bookworm-slim AS runtime
+# 2. The crate itself: only what the build reads, so editing docs, deploy/ or tests/ does not rebuild.
+COPY src ./src
+COPY benches ./benches
+COPY assets ./assets
+COPY migrations ./migrations
+COPY config/default.toml ./config/default.toml
+RUN cargo build --release --locked --bin cifpool \
+ && install -D -m 0755 target/release/cifpool /out/cifpool
+
+############################################################################################################
+FROM debian:${DEBIAN_RELEASE}-slim AS runtime
+
+# curl is only for the HEALTHCHECK below (cifpool has no health-check subcommand). Debian package versions
+# are not pinned: the release's security updates should land on every rebuild.
+# hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin cifpool
-COPY --from=build /src/target/release/cifpool /usr/local/bin/cifpool
-USER 10001
-ENV CIFPOOL_SERVER__LISTEN=0.0.0.0:8080 \
+ && groupadd --system --gid 10001 cifpool \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin cifpool
+
+COPY --from=build /out/cifpool /usr/local/bin/cifpool
+
+# Configuration comes from outside: CIFPOOL_CONFIG (a mounted TOML file, e.g. a Kubernetes ConfigMap),
+# secrets from the environment (CIFPOOL_DATABASE__URL, CIFPOOL_SECURITY__ADMIN_TOKEN) and the master key
+# from a mounted file. Environment variables win over the file, so the listen address and log format
+# below hold whatever the file says. 0.0.0.0: inside a container, 127.0.0.1 is unreachable from outside.
+ENV CIFPOOL_CONFIG=/etc/cifpool/cifpool.toml \
+    CIFPOOL_SERVER__LISTEN=0.0.0.0:8080 \
     CIFPOOL_LOG__FORMAT=json \
     CIFPOOL_SECURITY__MASTER_KEY_FILE=/run/secrets/cifpool-master-key
+
+# Numeric user, so Kubernetes' runAsNonRoot can verify it. Nothing is written to the filesystem when
+# database.url is set (the embedded Postgres is for development only and is not in this image).
+USER 10001:10001
 EXPOSE 8080
-HEALTHCHECK --interval=10s --timeout=2s --start-period=20s --retries=3 \
-  CMD curl -fsS http://127.0.0.1:8080/healthz || exit 1
+
+# /healthz is liveness only (it does not touch the database); readiness is /readyz.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+  CMD ["curl", "-fsS", "-o", "/dev/null", "--max-time", "2", "http://127.0.0.1:8080/healthz"]
+
+# cifpool handles SIGTERM itself (graceful drain, server.shutdown_grace); it runs as PID 1 and starts no
+# child processes in this set-up, so no init is needed.
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/cifpool"]
 CMD ["serve"]

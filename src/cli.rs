@@ -366,6 +366,11 @@ pub fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if matches!(cli.command, Command::Keygen) {
+        // Needs no configuration: it may run anywhere, before any config exists.
+        println!("{}", crate::keys::MasterKey::generate().to_hex());
+        return Ok(ExitCode::SUCCESS);
+    }
     let settings = cli.global.settings()?;
     match cli.command {
         Command::Config(ConfigCommand::Check) => {
@@ -385,10 +390,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Keygen => {
-            println!("{}", crate::keys::MasterKey::generate().to_hex());
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Keygen => unreachable!("handled before the configuration is loaded"),
         Command::Codes(CodesCommand::Gen { format, start, count }) => {
             use std::io::Write;
             let codec = format.codec(&settings)?;

@@ -184,6 +184,10 @@ pub struct ProviderSettings {
     pub max_concurrency: u32,
     /// Concurrency floor the adaptive limit never cuts below.
     pub min_concurrency: u32,
+    /// Value of the `Authorization` header sent with each call (e.g. `Bearer …`); a secret, so set it
+    /// through `CIFPOOL_QUEUE__PROVIDERS__<NAME>__AUTHORIZATION`.
+    #[serde(default, serialize_with = "redact")]
+    pub authorization: Option<SecretString>,
 }
 
 /// `[[pools]]`: one customer type's code pool.
@@ -259,6 +263,9 @@ pub struct DatabaseSettings {
     /// Server-side statement timeout for request work.
     #[serde(with = "humantime_serde")]
     pub statement_timeout: Duration,
+    /// How long start-up waits for an unreachable database before giving up.
+    #[serde(with = "humantime_serde")]
+    pub startup_timeout: Duration,
 }
 
 /// Log output format.

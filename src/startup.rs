@@ -92,7 +92,9 @@ impl Application {
 
     /// Like [`Application::build`] on an already opened database and a given key (tests, the lab).
     pub async fn build_with(settings: Settings, database: Database, master: &MasterKey) -> anyhow::Result<Application> {
-        db::migrate(&database.pool).await.context("applying database migrations")?;
+        db::migrate_when_reachable(&database.pool, settings.database.startup_timeout)
+            .await
+            .context("applying database migrations")?;
         record_start(&database.pool).await;
         let pools = Pools::reconcile(&database.pool, &settings.pools, master).await?;
         let listener = TcpListener::bind(settings.server.listen)
@@ -130,6 +132,7 @@ impl Application {
         crate::cif::jobs::schedule(&scheduler, &state).await?;
         crate::queue::maintenance::schedule(&scheduler, &state).await?;
         scheduler.start().await?;
+        crate::telemetry::register_event_counters(&state);
         let mut background = tokio::task::JoinSet::new();
         background.spawn(crate::cif::jobs::gauges_loop(state.clone(), stop.clone()));
         crate::queue::maintenance::spawn(&state, &stop, &mut background);

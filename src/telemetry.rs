@@ -38,3 +38,33 @@ pub fn metrics_handle() -> PrometheusHandle {
         })
         .clone()
 }
+
+/// Creates the event counters at zero, so an alert's `increase()` sees the first event after a
+/// restart (a counter that first appears at 1 has no earlier sample to increase from).
+pub fn register_event_counters(state: &crate::state::AppState) {
+    for pool in state.pools.iter() {
+        for name in [
+            "cifpool_pool_empty_total",
+            "cifpool_reclaimed_total",
+            "cifpool_reservations_total",
+            "cifpool_confirmations_total",
+            "cifpool_refill_codes_total",
+        ] {
+            metrics::counter!(name, "pool" => pool.name().to_string()).absolute(0);
+        }
+    }
+    for class in state.queue.classes.keys() {
+        for name in [
+            "cifpool_queue_expired_total",
+            "cifpool_queue_dead_total",
+            "cifpool_queue_retries_total",
+            "cifpool_queue_sent_total",
+            "cifpool_queue_enqueued_total",
+            "cifpool_queue_rejected_total",
+        ] {
+            metrics::counter!(name, "class" => class.clone()).absolute(0);
+        }
+    }
+    metrics::counter!("cifpool_queue_lease_lost_total").absolute(0);
+    metrics::counter!("cifpool_queue_rescued_total").absolute(0);
+}

@@ -113,3 +113,14 @@ async fn different_pools_get_different_permutations() {
     let b: Vec<String> = (0..20).map(|c| pools.get("business").unwrap().codec.encode(c)[1..].to_string()).collect();
     assert_ne!(a, b);
 }
+
+#[tokio::test]
+async fn a_different_master_key_is_refused_once_codes_exist() {
+    let db = fresh_database().await;
+    let pools = Pools::reconcile(&db.pool, &[test_pool("individual", "1")], &test_master_key()).await.unwrap();
+    refill(&db.pool, pools.get("individual").unwrap(), RefillOptions { force: true }).await.unwrap();
+    let other = cifpool::keys::MasterKey::generate();
+    let msg = Pools::reconcile(&db.pool, &[test_pool("individual", "1")], &other).await.unwrap_err().to_string();
+    assert!(msg.contains("individual") && msg.contains("master key"), "{msg}");
+    assert!(!msg.contains(&other.to_hex()), "the key itself is never printed");
+}

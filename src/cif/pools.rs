@@ -43,6 +43,13 @@ pub enum ReconcileError {
         /// Its prefix.
         other_prefix: String,
     },
+    /// The master key (or key derivation) no longer reproduces codes the pool already generated.
+    #[error(
+        "pool {0:?}: the configured master key does not reproduce the codes this pool already generated \
+         (counter {1} is stored as {2}, the key gives {3}); is CIFPOOL_MASTER_KEY / security.master_key_file \
+         the key this database was filled with?"
+    )]
+    WrongKey(String, i64, String, String),
     /// Invalid format (should have been caught by config validation).
     #[error("pool {0:?}: {1}")]
     Format(String, String),
@@ -98,7 +105,6 @@ struct PoolRow {
     digits: i16,
     check_scheme: String,
     key_id: String,
-    next_counter: i64,
 }
 
 impl Pools {
@@ -110,19 +116,30 @@ impl Pools {
     ) -> Result<Pools, ReconcileError> {
         let mut pools = Pools::default();
         for settings in configured {
-            sqlx::query(
-                "INSERT INTO cif_pools (name, prefix, digits, check_scheme, key_id) VALUES ($1, $2, $3, $4, $5) \
-                 ON CONFLICT (name) DO NOTHING",
+            // Create the pool, or adopt the configured format while nothing has been generated yet
+            // (the configuration may still change its mind); after that the stored row is pinned.
+            let upserted: Option<PoolRow> = sqlx::query_as(
+                "INSERT INTO cif_pools AS p (name, prefix, digits, check_scheme, key_id) VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (name) DO UPDATE \
+                    SET prefix = EXCLUDED.prefix, digits = EXCLUDED.digits, check_scheme = EXCLUDED.check_scheme, \
+                        key_id = EXCLUDED.key_id, updated_at = now() \
+                    WHERE p.next_counter = 0 \
+                 RETURNING *",
             )
             .bind(&settings.name)
             .bind(&settings.prefix)
             .bind(settings.digits as i16)
             .bind(settings.check.name())
             .bind(&settings.key_id)
-            .execute(db)
+            .fetch_optional(db)
             .await?;
-            let row: PoolRow =
-                sqlx::query_as("SELECT * FROM cif_pools WHERE name = $1").bind(&settings.name).fetch_one(db).await?;
+            // No row back: the pool exists and has generated codes, so its stored format is pinned.
+            let row = match upserted {
+                Some(row) => row,
+                None => {
+                    sqlx::query_as("SELECT * FROM cif_pools WHERE name = $1").bind(&settings.name).fetch_one(db).await?
+                }
+            };
             let differences = [
                 ("prefix", row.prefix.clone(), settings.prefix.clone()),
                 ("digits", row.digits.to_string(), settings.digits.to_string()),
@@ -130,26 +147,27 @@ impl Pools {
                 ("key_id", row.key_id.clone(), settings.key_id.clone()),
             ];
             if let Some((field, stored, configured)) = differences.into_iter().find(|(_, s, c)| s != c) {
-                if row.next_counter > 0 {
-                    return Err(ReconcileError::Pinned { pool: settings.name.clone(), field, stored, configured });
-                }
-                // Nothing generated yet: the configuration may still change its mind.
-                sqlx::query(
-                    "UPDATE cif_pools SET prefix = $2, digits = $3, check_scheme = $4, key_id = $5, updated_at = now() \
-                     WHERE id = $1 AND next_counter = 0",
-                )
-                .bind(row.id)
-                .bind(&settings.prefix)
-                .bind(settings.digits as i16)
-                .bind(settings.check.name())
-                .bind(&settings.key_id)
-                .execute(db)
-                .await?;
+                return Err(ReconcileError::Pinned { pool: settings.name.clone(), field, stored, configured });
             }
             let format = settings.format().map_err(|e| ReconcileError::Format(settings.name.clone(), e.to_string()))?;
             let key = master.derive_pool_key(&settings.name, &settings.key_id);
             let codec = PoolCodec::new(format, &key)
                 .map_err(|e| ReconcileError::Format(settings.name.clone(), e.to_string()))?;
+            // A stored code is a key check value that costs nothing to keep: a different master key
+            // would silently produce different codes and mis-decode existing ones, so refuse to start.
+            let sample: Option<(i64, String)> = sqlx::query_as(
+                "(SELECT counter, code FROM cif_codes WHERE pool_id = $1 LIMIT 1) \
+                 UNION ALL (SELECT counter, code FROM cif_issued WHERE pool_id = $1 LIMIT 1) LIMIT 1",
+            )
+            .bind(row.id)
+            .fetch_optional(db)
+            .await?;
+            if let Some((counter, stored)) = sample {
+                let derived = codec.encode(counter as u64);
+                if derived != stored {
+                    return Err(ReconcileError::WrongKey(settings.name.clone(), counter, stored, derived));
+                }
+            }
             let pool = Arc::new(Pool {
                 id: row.id,
                 settings: settings.clone(),

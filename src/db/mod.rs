@@ -39,9 +39,35 @@ pub fn pool(settings: &DatabaseSettings, options: PgConnectOptions) -> PgPool {
         .connect_lazy_with(options)
 }
 
-/// Applies pending migrations (serialised across instances by sqlx's advisory lock).
+/// Applies pending migrations (serialised across instances by sqlx's advisory lock), on a connection
+/// without the request statement timeout: a migration may legitimately take longer.
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
-    MIGRATOR.run(pool).await
+    let mut conn = pool.acquire().await?;
+    sqlx::query("SET statement_timeout = 0").execute(&mut *conn).await?;
+    let result = MIGRATOR.run(&mut *conn).await;
+    // Put the pool's setting back before the connection is reused.
+    sqlx::query("RESET statement_timeout").execute(&mut *conn).await?;
+    result
+}
+
+/// [`migrate`], retried while the database is unreachable, for up to `limit`: a pod that starts
+/// before its database (or during a failover) waits instead of crash-looping.
+pub async fn migrate_when_reachable(pool: &PgPool, limit: Duration) -> Result<(), sqlx::migrate::MigrateError> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut pause = Duration::from_millis(200);
+    loop {
+        match migrate(pool).await {
+            Err(sqlx::migrate::MigrateError::Execute(e)) if crate::http::error::is_connectivity_error(&e) => {
+                if tokio::time::Instant::now() + pause > deadline {
+                    return Err(sqlx::migrate::MigrateError::Execute(e));
+                }
+                tracing::warn!(error = %e, retry_in = ?pause, "database not reachable yet");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// What `/readyz` found.

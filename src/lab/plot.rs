@@ -320,7 +320,7 @@ pub fn write_lab_png(dir: &Path, cells: &[super::real::LabCell], run_s: f64) -> 
                 let text = match cell.max_s() {
                     Some(max) if unserved.is_empty() => format!("{}: max {}", label(cell.strategy), fmt_latency(max)),
                     Some(max) => {
-                        format!("{}: max {} ({} not picked)", label(cell.strategy), fmt_latency(max), unserved.len())
+                        format!("{}: max {}; {} left", label(cell.strategy), fmt_latency(max), unserved.len())
                     }
                     None => format!("{}: no OTP picked", label(cell.strategy)),
                 };

@@ -191,6 +191,7 @@ fn lab_queue(opts: &LabOptions, strategy: Strategy, sms_url: &str, push_url: &st
         timeout: Duration::from_secs(20),
         max_concurrency: 100_000,
         min_concurrency: 1,
+        authorization: None,
     };
     QueueSettings {
         workers_enabled: true,

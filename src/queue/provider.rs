@@ -71,6 +71,7 @@ pub struct HttpProvider {
     client: reqwest::Client,
     url: String,
     timeout: Duration,
+    authorization: Option<secrecy::SecretString>,
 }
 
 #[derive(Deserialize)]
@@ -81,21 +82,25 @@ struct SendAnswer {
 
 impl HttpProvider {
     /// A provider at `url` with a per-call `timeout`.
-    pub fn new(url: &str, timeout: Duration) -> HttpProvider {
+    pub fn new(url: &str, timeout: Duration, authorization: Option<secrecy::SecretString>) -> HttpProvider {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .pool_max_idle_per_host(1024)
             .build()
             .expect("static reqwest configuration");
-        HttpProvider { client, url: format!("{}/send", url.trim_end_matches('/')), timeout }
+        HttpProvider { client, url: format!("{}/send", url.trim_end_matches('/')), timeout, authorization }
     }
 }
 
 #[async_trait::async_trait]
 impl Provider for HttpProvider {
     async fn send(&self, message: &Message) -> Result<Delivery, SendError> {
-        let result =
-            self.client.post(&self.url).header("idempotency-key", message.id.to_string()).json(message).send().await;
+        let mut request = self.client.post(&self.url).header("idempotency-key", message.id.to_string()).json(message);
+        if let Some(auth) = &self.authorization {
+            use secrecy::ExposeSecret;
+            request = request.header(reqwest::header::AUTHORIZATION, auth.expose_secret());
+        }
+        let result = request.send().await;
         let response = match result {
             Ok(r) => r,
             Err(e) if e.is_timeout() => return Err(SendError::Timeout(self.timeout)),
@@ -268,7 +273,11 @@ pub fn build_providers(settings: &BTreeMap<String, ProviderSettings>) -> BTreeMa
         .iter()
         .map(|(name, p)| {
             let provider: Arc<dyn Provider> = match p.kind {
-                ProviderKind::Http => Arc::new(HttpProvider::new(p.url.as_deref().unwrap_or_default(), p.timeout)),
+                ProviderKind::Http => Arc::new(HttpProvider::new(
+                    p.url.as_deref().unwrap_or_default(),
+                    p.timeout,
+                    p.authorization.clone(),
+                )),
                 ProviderKind::Noop => {
                     tracing::warn!(provider = %name, "provider is a no-op: messages are marked sent but go nowhere");
                     Arc::new(NoopProvider)
