@@ -15,6 +15,9 @@ use crate::db::{self, embedded::EmbeddedOptions, embedded::EmbeddedPostgres};
 use crate::keys::MasterKey;
 use crate::state::AppState;
 
+/// Time after the grace period for worker groups to hand back unfinished sends.
+const HAND_BACK_MARGIN: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// A database connection plus the embedded cluster behind it, if any (kept alive as long as this is).
 pub struct Database {
     /// The pool.
@@ -148,16 +151,23 @@ impl Application {
         if let Err(e) = scheduler.shutdown().await {
             tracing::warn!(error = %e, "stopping the scheduler");
         }
-        // Worker groups finish or hand back their in-flight sends within the grace period.
-        if tokio::time::timeout(grace, async { while background.join_next().await.is_some() {} }).await.is_err() {
-            tracing::warn!("background work outlived the grace period");
-        }
-        match tokio::time::timeout(grace, http).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::error!(error = %e, "http server error"),
-            Ok(Err(e)) => tracing::error!(error = %e, "http server task"),
-            Err(_) => tracing::warn!("in-flight requests outlived the grace period"),
-        }
+        // HTTP requests and worker sends drain side by side within the grace period; worker groups hand
+        // back what is still in flight at its end (the margin lets that hand-back finish).
+        let background = async {
+            let drained = async { while background.join_next().await.is_some() {} };
+            if tokio::time::timeout(grace + HAND_BACK_MARGIN, drained).await.is_err() {
+                tracing::warn!("background work outlived the grace period");
+            }
+        };
+        let http = async {
+            match tokio::time::timeout(grace, http).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => tracing::error!(error = %e, "http server error"),
+                Ok(Err(e)) => tracing::error!(error = %e, "http server task"),
+                Err(_) => tracing::warn!("in-flight requests outlived the grace period"),
+            }
+        };
+        tokio::join!(background, http);
         database.close().await;
         tracing::info!("cifpool stopped");
         Ok(())

@@ -162,8 +162,8 @@ def main() -> int:
     pre = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
     pre_s = float(pre[1]) if len(pre) == 2 and pre[0] == "sleep" else 0.0
     tgps = pod.get("terminationGracePeriodSeconds", 30)
-    if tgps <= pre_s + 2 * grace:
-        err(f"terminationGracePeriodSeconds {tgps} must exceed preStop {pre_s}s + 2 x shutdown_grace {grace}s")
+    if tgps <= pre_s + grace + 3:
+        err(f"terminationGracePeriodSeconds {tgps} must exceed preStop {pre_s}s + shutdown_grace {grace}s + 3s")
 
     # The PrometheusRule must carry exactly alerts.yml's groups.
     src = yaml.safe_load((ROOT / "config/prometheus/alerts.yml").read_text(encoding="utf-8"))["groups"]

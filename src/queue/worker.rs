@@ -97,6 +97,8 @@ pub struct WorkerGroup {
     db: PgPool,
     runtime: Arc<QueueRuntime>,
     workers: Arc<Semaphore>,
+    /// Jobs being processed by [`WorkerGroup::run`], to hand back if shutdown outlasts the grace.
+    in_flight: std::sync::Mutex<BTreeMap<i64, ClaimedJob>>,
 }
 
 impl WorkerGroup {
@@ -104,7 +106,7 @@ impl WorkerGroup {
     pub fn new(policy: GroupPolicy, db: PgPool, runtime: Arc<QueueRuntime>) -> Arc<WorkerGroup> {
         let claim_sql = store::claim_sql(&policy);
         let workers = Arc::new(Semaphore::new(policy.size));
-        Arc::new(WorkerGroup { policy, claim_sql, db, runtime, workers })
+        Arc::new(WorkerGroup { policy, claim_sql, db, runtime, workers, in_flight: Default::default() })
     }
 
     /// Claims up to `n` jobs of classes whose provider has a free slot.
@@ -145,15 +147,25 @@ impl WorkerGroup {
             let wait = (job.picked_at - job.created_at).to_std().unwrap_or_default();
             metrics::histogram!("cifpool_queue_wait_seconds", "class" => job.class.clone()).record(wait.as_secs_f64());
         }
+        // Another group of this instance may have taken the last provider slot since the claim: wait
+        // for one with the heartbeat running, then check the deadline (never send late).
+        let permit = {
+            let acquire = class.provider.limiter.acquire();
+            let heartbeat = self.heartbeat(&job);
+            tokio::pin!(acquire);
+            tokio::select! {
+                p = &mut acquire => p,
+                _ = heartbeat => acquire.await,
+            }
+        };
         if job.deadline.is_some_and(|d| d <= chrono::Utc::now()) {
-            metrics::counter!("cifpool_queue_expired_total", "class" => job.class.clone()).increment(1);
+            drop(permit);
             let fenced =
                 store::mark_final(&self.db, &job, FinalState::Expired, "deadline passed before sending").await?;
-            return Ok(fenced_or(fenced, job.id, Outcome::Expired(job.id)));
+            return Ok(self.counted(fenced, &job, "cifpool_queue_expired_total", Outcome::Expired(job.id)));
         }
         let in_flight = metrics::gauge!("cifpool_queue_in_flight", &labels);
         in_flight.increment(1.0);
-        let permit = class.provider.limiter.acquire().await;
         let message = Message {
             id: job.id,
             class: job.class.clone(),
@@ -285,20 +297,41 @@ impl WorkerGroup {
             }
             for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
                 let group = self.clone();
+                group.in_flight.lock().expect("in-flight lock").insert(job.id, job.clone());
                 tokio::spawn(async move {
                     let id = job.id;
                     if let Err(e) = group.process(job).await {
                         // The lease will expire and the sweep hands the job back: nothing is lost.
                         tracing::warn!(job = id, error = %e, "finishing a job failed");
                     }
+                    group.in_flight.lock().expect("in-flight lock").remove(&id);
                     drop(permit);
                 });
             }
         }
         let all = self.policy.size as u32;
         if tokio::time::timeout(grace, self.workers.acquire_many(all)).await.is_err() {
-            tracing::warn!(group = %self.policy.name, "sends still running at shutdown; their leases will hand them back");
+            self.hand_back().await;
         }
+    }
+}
+
+impl WorkerGroup {
+    /// Shutdown outlasted the grace period: put the jobs still being sent back in the queue now, so
+    /// another instance takes them at once instead of after their lease. (A send that did reach the
+    /// provider is then delivered twice, which the idempotency key makes harmless.)
+    async fn hand_back(&self) {
+        let jobs: Vec<ClaimedJob> =
+            std::mem::take(&mut *self.in_flight.lock().expect("in-flight lock")).into_values().collect();
+        let mut handed = 0;
+        for job in &jobs {
+            match store::mark_retry(&self.db, job, Duration::ZERO, "handed back at shutdown").await {
+                Ok(Fenced::Done) => handed += 1,
+                Ok(Fenced::LeaseLost) => {}
+                Err(e) => tracing::warn!(job = job.id, error = %e, "hand-back failed; the lease will expire instead"),
+            }
+        }
+        tracing::warn!(group = %self.policy.name, handed, "sends outlived the shutdown grace period: handed back");
     }
 }
 
