@@ -37,6 +37,12 @@ static RESERVE: LazyLock<String> = LazyLock::new(|| {
     })
 });
 
+/// The one-statement reservation the API runs (binds: `$1` limit, `$2` lease seconds, `$3` pool id,
+/// `$4` holder), for benchmarks that compare the service with the same raw SQL.
+pub fn reserve_sql() -> &'static str {
+    RESERVE.as_str()
+}
+
 /// Move a held code to `cif_issued`, fenced by its token: `$1` token, `$2` pool, `$3` counter, `$4` ref.
 static CONFIRM: LazyLock<String> = LazyLock::new(|| {
     format!(
