@@ -474,12 +474,9 @@ async fn run_dlq(db: &sqlx::PgPool, command: DlqCommand) -> anyhow::Result<()> {
             }
         }
         DlqCommand::Replay { filter, max, rate, extra_attempts } => {
-            anyhow::ensure!(
-                rate > 0.0 && max >= 1 && extra_attempts >= 1,
-                "need --rate > 0, --max >= 1, --extra-attempts >= 1"
-            );
-            let n = dlq::replay(db, &dlq::Replay { filter: filter.filter(), max, rate_per_sec: rate, extra_attempts })
-                .await?;
+            let replay = dlq::Replay { filter: filter.filter(), max, rate_per_sec: rate, extra_attempts };
+            replay.validate().map_err(|e| anyhow::anyhow!(e))?;
+            let n = dlq::replay(db, &replay).await?;
             println!("replayed {n} jobs at {rate}/s");
         }
     }

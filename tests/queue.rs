@@ -551,3 +551,23 @@ async fn an_idempotent_retry_gets_its_job_even_while_intake_sheds_load() {
         sqlx::query_as("SELECT tenant, recipient FROM notification_jobs").fetch_one(&e.db.pool).await.unwrap();
     assert_eq!((tenant.as_str(), recipient.as_str()), ("shop", "dev-9"), "stored trimmed");
 }
+
+#[tokio::test]
+async fn dlq_inputs_out_of_range_are_refused_not_500() {
+    let e = env().await;
+    let get = |q: &str| e.app.client.get(e.app.url(&format!("/admin/dlq?{q}"))).bearer_auth(TEST_ADMIN_TOKEN).send();
+    assert_problem(get("error=%00").await.unwrap(), 400).await;
+    assert_problem(get("tenant=a%00b").await.unwrap(), 400).await;
+    let replay = |body: Value| {
+        e.app.client.post(e.app.url("/admin/dlq/replay")).bearer_auth(TEST_ADMIN_TOKEN).json(&body).send()
+    };
+    for body in [
+        json!({ "max": 5, "rate_per_sec": 5e-324 }),
+        json!({ "max": 5, "rate_per_sec": 1e300 }),
+        json!({ "max": 10, "rate_per_sec": 1, "extra_attempts": 2147483647 }),
+        json!({ "max": 0, "rate_per_sec": 1 }),
+        json!({ "error": "\u{0}", "max": 1, "rate_per_sec": 1 }),
+    ] {
+        assert_problem(replay(body.clone()).await.unwrap(), 422).await;
+    }
+}

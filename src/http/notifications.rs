@@ -198,6 +198,7 @@ async fn dlq_list(
     State(state): State<AppState>,
     Query(q): Query<DlqQuery>,
 ) -> Result<Json<DlqPage>, ApiError> {
+    q.filter.validate().map_err(ApiError::BadRequest)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     Ok(Json(DlqPage { jobs: dlq::list(&state.db, &q.filter, limit).await? }))
 }
@@ -212,9 +213,7 @@ async fn dlq_replay(
     State(state): State<AppState>,
     Json(req): Json<Replay>,
 ) -> Result<Json<Replayed>, ApiError> {
-    if !(req.rate_per_sec > 0.0 && req.rate_per_sec.is_finite()) || req.max < 1 || req.extra_attempts < 1 {
-        return Err(ApiError::Unprocessable("need rate_per_sec > 0, max >= 1 and extra_attempts >= 1".into()));
-    }
+    req.validate().map_err(ApiError::Unprocessable)?;
     let replayed = dlq::replay(&state.db, &req).await?;
     tracing::info!(replayed, filter = ?req.filter, rate = req.rate_per_sec, "dead letters replayed");
     Ok(Json(Replayed { replayed }))

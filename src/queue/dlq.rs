@@ -38,6 +38,44 @@ pub struct DeadJob {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
+impl DlqFilter {
+    /// Filter values are compared in SQL: no control characters (Postgres text cannot hold NUL).
+    pub fn validate(&self) -> Result<(), String> {
+        for (field, value) in [("class", &self.class), ("tenant", &self.tenant), ("error", &self.error)] {
+            if let Some(v) = value {
+                crate::validate::text(field, v, 512)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Slowest replay rate accepted: one job every ~17 minutes.
+pub const MIN_RATE_PER_SEC: f64 = 0.001;
+/// Fastest replay rate accepted.
+pub const MAX_RATE_PER_SEC: f64 = 100_000.0;
+/// Most extra attempts a replay may grant.
+pub const MAX_EXTRA_ATTEMPTS: i32 = 100;
+/// Most jobs one replay may touch.
+pub const MAX_REPLAY: i64 = 1_000_000;
+
+impl Replay {
+    /// Bounds that keep the spacing arithmetic and attempt counts in range.
+    pub fn validate(&self) -> Result<(), String> {
+        self.filter.validate()?;
+        if !(MIN_RATE_PER_SEC..=MAX_RATE_PER_SEC).contains(&self.rate_per_sec) {
+            return Err(format!("rate_per_sec must be between {MIN_RATE_PER_SEC} and {MAX_RATE_PER_SEC}"));
+        }
+        if !(1..=MAX_REPLAY).contains(&self.max) {
+            return Err(format!("max must be between 1 and {MAX_REPLAY}"));
+        }
+        if !(1..=MAX_EXTRA_ATTEMPTS).contains(&self.extra_attempts) {
+            return Err(format!("extra_attempts must be between 1 and {MAX_EXTRA_ATTEMPTS}"));
+        }
+        Ok(())
+    }
+}
+
 const FILTER: &str = "status = 'dead' AND ($1::text IS NULL OR class = $1) AND ($2::text IS NULL OR tenant = $2) \
                       AND ($3::text IS NULL OR strpos(coalesce(last_error, ''), $3) > 0)";
 
