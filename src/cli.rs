@@ -64,6 +64,8 @@ pub enum Command {
     /// Reproduce the send-flow isolation experiment: on the real queue (default) or simulated at real
     /// scale (`--simulate`). Writes CSV, Markdown and PNG into `--out`.
     Lab(Box<LabArgs>),
+    /// Measure the service against the physical limit on this machine (writes DIR/<target>.json).
+    Bench(Box<crate::bench::BenchArgs>),
     /// Dead-letter queue (connects to the database directly; with the embedded database while
     /// `serve` runs, use the /admin/dlq endpoints instead).
     #[command(subcommand)]
@@ -434,6 +436,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // are expected noise here.
             crate::telemetry::init_logging(settings.log.format, "warn,cifpool::queue::worker=error");
             run_lab(&settings, &args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(args) => {
+            crate::telemetry::init_logging(settings.log.format, "warn");
+            crate::bench::run(&settings, &args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Dlq(command) => {

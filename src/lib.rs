@@ -7,6 +7,7 @@
 //! - [`claim`]: the SKIP LOCKED claim/lease/fenced-finish/sweep contract shared by pools and queue.
 //! - [`code`]: the pure keyed Feistel permutation, check digits and code format; [`keys`]: key derivation.
 //! - [`schedule`]: cron schedules of the maintenance jobs.
+//! - [`bench`]: `cifpool bench` — reservations and refill measured against raw SQL on the same cluster.
 //! - [`cli`]: the `cifpool` command line (serve, migrate, config check, …).
 //! - [`config`]: typed settings, layered defaults → file → `CIFPOOL_<SECTION>__<KEY>` env.
 //! - [`startup`]: wiring a [`config::Settings`] into a running [`startup::Application`].
@@ -15,6 +16,7 @@
 //! - [`state`]: the state every handler and job shares.
 //! - [`telemetry`]: logs and the Prometheus recorder.
 
+pub mod bench;
 pub mod cif;
 pub mod claim;
 pub mod cli;

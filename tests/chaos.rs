@@ -9,13 +9,13 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cifpool::db::embedded::{EmbeddedOptions, EmbeddedPostgres, create_server_owned_dir};
 use cifpool::queue::fake_provider::FakeBehaviour;
-use common::{TEST_ADMIN_TOKEN, TEST_MASTER_KEY_HEX, fake_server};
+use common::{TEST_ADMIN_TOKEN, fake_server, serve_command};
 use rand::Rng;
 use serde_json::{Value, json};
 
@@ -47,30 +47,18 @@ impl Drop for Node {
 
 fn spawn_node(port: u16, db_url: &str, provider_url: &str, log: &std::path::Path) -> Child {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cifpool"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("CIFPOOL_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .env("CIFPOOL_DATABASE__URL", db_url)
-        .env("CIFPOOL_DATABASE__MAX_CONNECTIONS", "12")
-        .env("CIFPOOL_MASTER_KEY", TEST_MASTER_KEY_HEX)
+    let mut cmd = serve_command(port, db_url, provider_url);
+    cmd.env("CIFPOOL_DATABASE__MAX_CONNECTIONS", "12")
         .env("CIFPOOL_SECURITY__ADMIN_TOKEN", TEST_ADMIN_TOKEN)
         .env("CIFPOOL_QUEUE__WORKERS", "16")
         .env("CIFPOOL_QUEUE__RESERVED", "4")
         // Short leases and a sweep every second, so a killed node's sends come back quickly.
         .env("CIFPOOL_QUEUE__LEASE", "3s")
         .env("CIFPOOL_QUEUE__SWEEP_SCHEDULE", "* * * * * *")
-        .env("CIFPOOL_LOG__LEVEL", "warn")
+        .env("CIFPOOL_QUEUE__PROVIDERS__SMS__TIMEOUT", "1s")
+        .env("CIFPOOL_QUEUE__PROVIDERS__PUSH__TIMEOUT", "1s")
         .stdout(Stdio::null())
         .stderr(log);
-    for provider in ["SMS", "PUSH"] {
-        cmd.env(format!("CIFPOOL_QUEUE__PROVIDERS__{provider}__KIND"), "http")
-            .env(format!("CIFPOOL_QUEUE__PROVIDERS__{provider}__URL"), provider_url)
-            .env(format!("CIFPOOL_QUEUE__PROVIDERS__{provider}__TIMEOUT"), "1s");
-    }
     cmd.spawn().unwrap()
 }
 

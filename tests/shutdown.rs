@@ -3,32 +3,20 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use cifpool::queue::fake_provider::FakeBehaviour;
-use common::{FakeServer, TEST_MASTER_KEY_HEX, fake_server, fresh_database};
+use common::{FakeServer, fake_server, fresh_database, serve_command};
 use serde_json::json;
 
 fn serve(db_url: &str, provider: &FakeServer, grace: &str, port: u16) -> Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cifpool"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("CIFPOOL_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .env("CIFPOOL_DATABASE__URL", db_url)
-        .env("CIFPOOL_MASTER_KEY", TEST_MASTER_KEY_HEX)
-        .env("CIFPOOL_SERVER__SHUTDOWN_GRACE", grace)
-        .env("CIFPOOL_LOG__LEVEL", "warn")
+    let mut cmd = serve_command(port, db_url, &provider.url);
+    cmd.env("CIFPOOL_SERVER__SHUTDOWN_GRACE", grace)
+        .env("CIFPOOL_QUEUE__PROVIDERS__SMS__TIMEOUT", "20s")
+        .env("CIFPOOL_QUEUE__PROVIDERS__PUSH__TIMEOUT", "20s")
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    for p in ["SMS", "PUSH"] {
-        cmd.env(format!("CIFPOOL_QUEUE__PROVIDERS__{p}__KIND"), "http")
-            .env(format!("CIFPOOL_QUEUE__PROVIDERS__{p}__URL"), &provider.url)
-            .env(format!("CIFPOOL_QUEUE__PROVIDERS__{p}__TIMEOUT"), "20s");
-    }
     cmd.spawn().unwrap()
 }
 

@@ -249,3 +249,23 @@ pub fn use_fake_providers(settings: &mut Settings, sms: &FakeServer, push: &Fake
         p.url = Some(server.url.clone());
     }
 }
+
+/// `cifpool serve` on `port` against `db_url`, with the test master key and both providers pointed at
+/// `provider_url`, in a clean environment (no inherited `CIFPOOL_*`); callers add their own settings.
+pub fn serve_command(port: u16, db_url: &str, provider_url: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_cifpool"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CIFPOOL_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .env("CIFPOOL_DATABASE__URL", db_url)
+        .env("CIFPOOL_MASTER_KEY", TEST_MASTER_KEY_HEX)
+        .env("CIFPOOL_LOG__LEVEL", "warn");
+    for provider in ["SMS", "PUSH"] {
+        cmd.env(format!("CIFPOOL_QUEUE__PROVIDERS__{provider}__KIND"), "http")
+            .env(format!("CIFPOOL_QUEUE__PROVIDERS__{provider}__URL"), provider_url);
+    }
+    cmd
+}

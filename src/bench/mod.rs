@@ -1,0 +1,271 @@
+//! `cifpool bench <target>`: reproducible measurements, each written to `DIR/<target>.json` (figures,
+//! parameters, machine) and summarised as a table on stdout.
+//!
+//! - [`reserve`]: `POST /v1/cif` against an in-process service at several concurrencies, beside the
+//!   same one-statement claim run raw through `pgbench` (the headline: service / raw), and the latency
+//!   at a fixed open-loop request rate.
+//! - [`refill`]: codes/s of `refill()` (Feistel + `COPY` in batches) filling an empty pool, against a
+//!   naive autocommit `INSERT` per code and one raw `COPY` of the same rows.
+//!
+//! Everything runs on a scratch database, `cifpool_bench`, dropped and re-created at the start of each
+//! run on the configured server (the embedded cluster unless `database.url` is set). The `run_*`
+//! functions take connect options instead, so tests can point them at a database of their own.
+
+pub mod refill;
+pub mod report;
+pub mod reserve;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use sqlx::postgres::PgConnectOptions;
+
+use crate::config::Settings;
+
+/// Name of the scratch database `run` creates on the configured server.
+pub const BENCH_DATABASE: &str = "cifpool_bench";
+
+/// What to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Target {
+    /// HTTP reservations vs the raw SQL claim, and p99 at a fixed request rate.
+    Reserve,
+    /// Refill codes/s vs row-by-row INSERT and one raw COPY.
+    Refill,
+    /// Queue intake and drain (not implemented yet).
+    Queue,
+    /// Long mixed run (not implemented yet).
+    Soak,
+}
+
+impl Target {
+    /// The name used on the command line and for the JSON file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Reserve => "reserve",
+            Target::Refill => "refill",
+            Target::Queue => "queue",
+            Target::Soak => "soak",
+        }
+    }
+}
+
+/// How the raw-SQL side of `reserve` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RawMode {
+    /// `pgbench` when installed, else an in-process sqlx loop.
+    #[default]
+    Auto,
+    /// `pgbench` or fail.
+    Pgbench,
+    /// In-process sqlx loop.
+    Sqlx,
+    /// Skip the raw-SQL comparison.
+    None,
+}
+
+/// `cifpool bench …`
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// What to measure: reserve, refill (queue and soak: not implemented yet).
+    #[arg(value_enum)]
+    pub target: Target,
+    /// Output directory; the run writes `<target>.json` into it.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    /// reserve: seconds per concurrency level (and for the fixed-rate run).
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// reserve: concurrency levels (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    pub concurrency: Vec<usize>,
+    /// reserve: open-loop request rate (req/s) for the fixed-rate latency run; 0 skips it.
+    #[arg(long, default_value_t = 1000.0)]
+    pub rate: f64,
+    /// reserve: how to run the equivalent raw SQL claim.
+    #[arg(long, value_enum, default_value_t = RawMode::Auto)]
+    pub raw: RawMode,
+    /// refill: codes to generate into the empty pool (batches of 10,000).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub refill_codes: u64,
+    /// refill: rows of the naive autocommit-INSERT baseline (its rate is extrapolated).
+    #[arg(long, default_value_t = 5_000)]
+    pub naive_rows: u64,
+    /// No progress bars.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+impl BenchArgs {
+    /// Defaults for `target`, as the command line would give them.
+    pub fn new(target: Target) -> BenchArgs {
+        BenchArgs {
+            target,
+            out: PathBuf::from("bench-out"),
+            duration: 10.0,
+            concurrency: vec![1, 16, 64],
+            rate: 1000.0,
+            raw: RawMode::Auto,
+            refill_codes: 1_000_000,
+            naive_rows: 5_000,
+            no_progress: false,
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.duration > 0.0 && self.duration.is_finite(), "--duration must be positive");
+        anyhow::ensure!(
+            !self.concurrency.is_empty() && self.concurrency.iter().all(|&c| c >= 1),
+            "--concurrency needs levels of at least 1"
+        );
+        anyhow::ensure!(self.rate >= 0.0 && self.rate.is_finite(), "--rate must be 0 (off) or positive");
+        anyhow::ensure!(self.refill_codes >= 1, "--refill-codes must be at least 1");
+        Ok(())
+    }
+}
+
+/// Runs `cifpool bench` with `args`: opens the configured server (starting the embedded cluster if
+/// needed), re-creates the scratch database [`BENCH_DATABASE`], measures, writes `<out>/<target>.json`
+/// and prints a table. `queue` and `soak` fail with "not implemented yet".
+pub fn run(settings: &Settings, args: &BenchArgs) -> anyhow::Result<()> {
+    if matches!(args.target, Target::Queue | Target::Soak) {
+        anyhow::bail!("bench target {:?}: not implemented yet", args.target.name());
+    }
+    args.validate()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    runtime.block_on(async {
+        let database = crate::startup::Database::open(settings).await?;
+        let opened = open_bench_database(&database).await;
+        let result = match opened {
+            Ok(connect) => run_on(&connect, settings, args).await,
+            Err(e) => Err(e),
+        };
+        database.close().await;
+        result.map(|_| ())
+    })
+}
+
+/// Measures `args.target` on the (scratch) database behind `connect`, writes the JSON into `args.out`
+/// and prints the table; returns the JSON's path. `settings` supplies the service configuration
+/// (database pool size, timeouts); its pools are replaced by a bench pool.
+pub async fn run_on(connect: &PgConnectOptions, settings: &Settings, args: &BenchArgs) -> anyhow::Result<PathBuf> {
+    args.validate()?;
+    let (path, table) = match args.target {
+        Target::Reserve => {
+            let report = reserve::run(connect, settings, &reserve::ReserveOptions::from_args(args)).await?;
+            (report.write(&args.out)?, reserve::table(&report))
+        }
+        Target::Refill => {
+            let report = refill::run(connect, &refill::RefillBenchOptions::from_args(args)).await?;
+            (report.write(&args.out)?, refill::table(&report))
+        }
+        Target::Queue | Target::Soak => anyhow::bail!("bench target {:?}: not implemented yet", args.target.name()),
+    };
+    println!("{table}");
+    println!("wrote {}", path.display());
+    Ok(path)
+}
+
+/// Drops and re-creates [`BENCH_DATABASE`] on the server `database` is connected to, migrates it and
+/// returns its connect options.
+pub async fn open_bench_database(database: &crate::startup::Database) -> anyhow::Result<PgConnectOptions> {
+    let options = database.pool.connect_options().as_ref().clone();
+    let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")))
+        .execute(&admin)
+        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {BENCH_DATABASE}")))
+        .execute(&admin)
+        .await
+        .context("creating the bench database (the role needs CREATEDB)")?;
+    admin.close().await;
+    let connect = options.database(BENCH_DATABASE);
+    let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_with(connect.clone()).await?;
+    crate::db::migrate(&db).await.context("migrating the bench database")?;
+    db.close().await;
+    Ok(connect)
+}
+
+/// A pool definition for benchmarks: the default `individual` format (9 digits + Damm) under its own
+/// prefix and key id, schedules that never fire (Feb 30th), a watermark of 1 so the service's own
+/// post-claim refill stays out of the measurement.
+pub fn bench_pool(name: &str, prefix: &str, batch_size: u32, max_batches_per_run: u32) -> crate::config::PoolSettings {
+    crate::config::PoolSettings {
+        name: name.into(),
+        prefix: prefix.into(),
+        digits: 9,
+        check: crate::code::check::CheckScheme::Damm,
+        key_id: "bench".into(),
+        low_watermark: 1,
+        batch_size,
+        max_batches_per_run,
+        lease_ttl: Duration::from_secs(3600),
+        refill_schedule: "0 0 0 30 2 *".into(),
+        reclaim_schedule: "0 0 0 30 2 *".into(),
+    }
+}
+
+/// A bar over `len` units with a label, hidden when `show` is false (or stderr is not a terminal).
+pub(crate) fn bar(show: bool, label: &str, len: u64, unit: &str) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(
+        Some(len),
+        if show { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() },
+    );
+    let template = format!("{{prefix:>26}} [{{bar:30}}] {{pos}}/{{len}} {unit} {{elapsed}} {{msg}}");
+    bar.set_style(ProgressStyle::with_template(&template).expect("static template").progress_chars("=> "));
+    bar.set_prefix(label.to_string());
+    bar
+}
+
+/// Finds `pgbench` like the embedded module finds `initdb`: `PATH`, then the newest
+/// `/usr/lib/postgresql/<version>/bin`.
+pub fn find_pgbench() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("PATH")
+        && let Some(found) = std::env::split_paths(&path).map(|d| d.join("pgbench")).find(|p| p.is_file())
+    {
+        return Some(found);
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin").join("pgbench");
+            bin.is_file().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin)
+}
+
+/// libpq environment (`PGHOST`, `PGPORT`, `PGUSER`, `PGDATABASE`) for `connect`. A password is not
+/// recoverable from connect options: `PGPASSWORD` / `~/.pgpass` of the environment apply.
+pub(crate) fn libpq_env(connect: &PgConnectOptions) -> Vec<(&'static str, String)> {
+    let host = match connect.get_socket() {
+        Some(dir) => dir.display().to_string(),
+        None => connect.get_host().to_string(),
+    };
+    let mut env = vec![
+        ("PGHOST", host),
+        ("PGPORT", connect.get_port().to_string()),
+        ("PGUSER", connect.get_username().to_string()),
+    ];
+    if let Some(db) = connect.get_database() {
+        env.push(("PGDATABASE", db.to_string()));
+    }
+    env
+}
+
+/// A private scratch directory under `dir` (for pgbench scripts and logs).
+pub(crate) fn scratch_dir(dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    let path = dir.join(name);
+    if path.exists() {
+        std::fs::remove_dir_all(&path).with_context(|| format!("clearing {}", path.display()))?;
+    }
+    std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+    Ok(path)
+}

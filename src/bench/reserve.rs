@@ -1,0 +1,806 @@
+//! `cifpool bench reserve`: reservations per second and latency of `POST /v1/cif` over HTTP, against
+//! the same one-statement claim run raw on the same cluster (the headline figure is service / raw), and
+//! the latency at a fixed open-loop request rate.
+//!
+//! Method:
+//! - The service runs in-process (the real [`Application`], its configured database pool size and
+//!   timeouts) on a bench pool (`bench`, the default `individual` format under prefix 7) whose own
+//!   refill never triggers during a level; the queue workers are off. The load generator is a reqwest
+//!   client (keep-alive connection pool) with one tokio task per concurrent client, closed loop.
+//! - The raw side runs [`crate::cif::store::reserve_sql`] through `pgbench -M prepared` at the same
+//!   concurrency (`$n` binds turned into pgbench variables), or an in-process sqlx loop (one connection
+//!   per client, same statement, prepared) when pgbench is missing.
+//! - Before every measured phase, every code reserved by the previous phase is released and the table
+//!   vacuumed, so each phase starts from the same pool; the pool is topped up (forced `refill()`) to
+//!   1.5× what the phase could consume at the fastest rate seen so far.
+//! - Fixed rate: requests are scheduled at fixed intervals regardless of responses (open loop), and
+//!   latency is measured from each request's scheduled time, so a stall counts against every request
+//!   it delays (no coordinated omission). Generator lag (timer granularity, ~1 ms) is included.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
+use super::{BenchArgs, RawMode, bench_pool, find_pgbench, libpq_env, scratch_dir};
+use crate::cif::Pool;
+use crate::cif::refill::{RefillOptions, RefillOutcome, refill};
+use crate::config::Settings;
+use crate::startup::{Application, Database};
+
+/// Name (customer type) of the bench pool.
+pub const POOL: &str = "bench";
+/// Holder recorded by both sides.
+const HOLDER: &str = "bench";
+/// Rate assumed before anything has been measured, reservations/s.
+const INITIAL_RATE_GUESS: f64 = 4000.0;
+
+/// Parameters of a `reserve` run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReserveOptions {
+    /// Whole seconds per concurrency level, per side (pgbench's `-T` takes whole seconds).
+    pub seconds: u64,
+    /// Concurrency levels.
+    pub concurrency: Vec<usize>,
+    /// Open-loop rate for the fixed-rate run, req/s; 0 skips it.
+    pub rate: f64,
+    /// Raw-SQL side.
+    pub raw: RawMode,
+    /// Directory for pgbench's script and logs (a `pgbench/` scratch directory is made inside).
+    pub scratch: PathBuf,
+    /// Draw progress bars.
+    #[serde(skip)]
+    pub progress: bool,
+}
+
+impl ReserveOptions {
+    /// From the command line.
+    pub fn from_args(args: &BenchArgs) -> ReserveOptions {
+        ReserveOptions {
+            seconds: (args.duration.round() as u64).max(1),
+            concurrency: args.concurrency.clone(),
+            rate: args.rate,
+            raw: args.raw,
+            scratch: args.out.clone(),
+            progress: !args.no_progress,
+        }
+    }
+}
+
+/// The service side of one level.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceLevel {
+    /// Concurrent clients.
+    pub concurrency: usize,
+    /// Wall time from the first request to the last response.
+    pub seconds: f64,
+    /// 201 responses.
+    pub reservations: u64,
+    /// Reservations per second.
+    pub rate_per_s: f64,
+    /// Latency of the 201 responses.
+    pub latency: Option<Latency>,
+    /// Non-201 responses by status (`"transport"` for connection errors).
+    pub errors: BTreeMap<String, u64>,
+    /// 201 responses completed in each second of the run (shows drift within a level).
+    pub per_second: Vec<u64>,
+    /// Available codes in the pool when the level started.
+    pub available_before: u64,
+}
+
+/// The raw-SQL side of one level.
+#[derive(Debug, Clone, Serialize)]
+pub struct RawLevel {
+    /// Concurrent clients.
+    pub concurrency: usize,
+    /// `pgbench` or `sqlx`.
+    pub method: &'static str,
+    /// Measured seconds.
+    pub seconds: f64,
+    /// Statements run.
+    pub transactions: u64,
+    /// Rows actually claimed (lower than `transactions` only if the pool ran empty).
+    pub claimed: u64,
+    /// Failed statements.
+    pub failed: u64,
+    /// Claims per second (pgbench: its tps without connection time).
+    pub rate_per_s: f64,
+    /// Per-statement latency (pgbench: from its per-transaction log).
+    pub latency: Option<Latency>,
+    /// Available codes in the pool when the level started.
+    pub available_before: u64,
+}
+
+/// One concurrency level, both sides.
+#[derive(Debug, Clone, Serialize)]
+pub struct Level {
+    /// Concurrent clients.
+    pub concurrency: usize,
+    /// Through HTTP.
+    pub service: ServiceLevel,
+    /// Raw SQL, when run.
+    pub raw: Option<RawLevel>,
+    /// service rate / raw rate.
+    pub service_over_raw: Option<f64>,
+}
+
+/// The fixed-rate (open-loop) run.
+#[derive(Debug, Clone, Serialize)]
+pub struct FixedRate {
+    /// Requested rate, req/s.
+    pub target_rate: f64,
+    /// Requests scheduled.
+    pub scheduled: u64,
+    /// 201 responses.
+    pub reservations: u64,
+    /// Responses per second actually completed over the run.
+    pub achieved_rate: f64,
+    /// Latency of the 201 responses, from their scheduled send time.
+    pub latency: Option<Latency>,
+    /// Non-201 responses by status.
+    pub errors: BTreeMap<String, u64>,
+    /// Most requests in flight at once.
+    pub max_in_flight: usize,
+}
+
+/// Figures of a `reserve` run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReserveResults {
+    /// Per concurrency level.
+    pub levels: Vec<Level>,
+    /// Open-loop latency at a fixed rate.
+    pub fixed_rate: Option<FixedRate>,
+    /// The statement both sides run (`$1` limit = 1, `$2` lease seconds, `$3` pool id, `$4` holder).
+    pub claim_sql: String,
+}
+
+/// Runs the benchmark on the scratch database behind `connect`.
+pub async fn run(
+    connect: &PgConnectOptions,
+    settings: &Settings,
+    opts: &ReserveOptions,
+) -> anyhow::Result<BenchReport<ReserveResults>> {
+    let harness = PgPoolOptions::new().max_connections(4).connect_with(connect.clone()).await?;
+    let machine = Machine::probe(&harness).await?;
+    let mut notes = Vec::new();
+
+    let mut app_settings = settings.clone();
+    app_settings.server.listen = "127.0.0.1:0".parse().expect("static address");
+    app_settings.queue.workers_enabled = false;
+    app_settings.pools = vec![bench_pool(POOL, "7", 10_000, 10)];
+    let db_settings = app_settings.database.clone();
+    let app_db = Database { pool: crate::db::pool(&app_settings.database, connect.clone()), embedded: None };
+    // A throw-away key: the scratch database is re-created by every run.
+    let app = Application::build_with(app_settings, app_db, &crate::keys::MasterKey::generate())
+        .await
+        .context("starting the service under test")?;
+    let base = format!("http://{}", app.local_addr());
+    let pool = app.state().pools.get(POOL).cloned().context("bench pool missing")?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async move {
+        let _ = stop_rx.await;
+    }));
+
+    let raw_method = match opts.raw {
+        RawMode::None => None,
+        RawMode::Sqlx => Some(RawMethod::Sqlx),
+        RawMode::Pgbench => Some(RawMethod::Pgbench(find_pgbench().context("--raw pgbench: pgbench not found")?)),
+        RawMode::Auto => match find_pgbench() {
+            Some(bin) => Some(RawMethod::Pgbench(bin)),
+            None => {
+                notes.push(
+                    "pgbench not found (PATH, /usr/lib/postgresql/*/bin): the raw side is an in-process sqlx loop"
+                        .into(),
+                );
+                Some(RawMethod::Sqlx)
+            }
+        },
+    };
+    let script_dir = match &raw_method {
+        Some(RawMethod::Pgbench(_)) => Some(scratch_dir(&opts.scratch, ".pgbench")?),
+        _ => None,
+    };
+
+    let result = async {
+        let client = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(usize::MAX)
+            .timeout(Duration::from_secs(30))
+            .build()?;
+        let url = format!("{base}/v1/cif");
+        let secs = opts.seconds;
+        let mut best_rate = INITIAL_RATE_GUESS;
+        let mut levels = Vec::new();
+        for &c in &opts.concurrency {
+            let need = (best_rate * 1.5 * secs as f64 * 1.5) as u64 + 1000;
+            let available_before = reset(&harness, &pool, need).await?;
+            let mut service = closed_loop(&client, &url, c, secs, opts.progress).await;
+            service.available_before = available_before;
+            best_rate = best_rate.max(service.rate_per_s);
+            if !service.errors.is_empty() {
+                notes.push(format!("service at c={c}: non-201 responses {:?}", service.errors));
+            }
+            let raw = match &raw_method {
+                None => None,
+                Some(method) => {
+                    let need = (best_rate * 3.0 * secs as f64 * 1.5) as u64 + 1000;
+                    let available_before = reset(&harness, &pool, need).await?;
+                    let mut raw = match method {
+                        RawMethod::Pgbench(bin) => {
+                            let dir = script_dir.as_ref().expect("made with the method");
+                            pgbench_level(bin, connect, &pool, c, secs, dir, opts.progress).await?
+                        }
+                        RawMethod::Sqlx => sqlx_level(connect, &pool, c, secs, opts.progress).await?,
+                    };
+                    raw.claimed = reserved_count(&harness, &pool).await?;
+                    raw.available_before = available_before;
+                    if raw.claimed < raw.transactions {
+                        notes.push(format!(
+                            "raw at c={c}: {} statements but {} claims: the pool ran empty",
+                            raw.transactions, raw.claimed
+                        ));
+                    }
+                    if raw.failed > 0 {
+                        notes.push(format!("raw at c={c}: {} failed statements", raw.failed));
+                    }
+                    best_rate = best_rate.max(raw.rate_per_s);
+                    Some(raw)
+                }
+            };
+            let ratio = raw.as_ref().filter(|r| r.rate_per_s > 0.0).map(|r| service.rate_per_s / r.rate_per_s);
+            levels.push(Level { concurrency: c, service, raw, service_over_raw: ratio });
+        }
+        let fixed_rate = if opts.rate > 0.0 {
+            reset(&harness, &pool, (opts.rate * secs as f64 * 1.5) as u64 + 1000).await?;
+            let fixed = open_loop(&client, &url, opts.rate, secs, opts.progress).await;
+            if !fixed.errors.is_empty() {
+                notes.push(format!("fixed rate: non-201 responses {:?}", fixed.errors));
+            }
+            if fixed.achieved_rate < 0.95 * opts.rate {
+                notes.push(format!(
+                    "fixed rate: achieved {:.0}/s of {:.0}/s requested: the service is saturated at this rate",
+                    fixed.achieved_rate, opts.rate
+                ));
+            }
+            Some(fixed)
+        } else {
+            None
+        };
+        anyhow::Ok(ReserveResults { levels, fixed_rate, claim_sql: crate::cif::store::reserve_sql().to_string() })
+    }
+    .await;
+
+    let _ = stop_tx.send(());
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "bench service stopped with an error"),
+        Err(e) => tracing::warn!(error = %e, "bench service task"),
+    }
+    harness.close().await;
+    if let Some(dir) = script_dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let results = result?;
+    notes.push(
+        "each phase starts from the same pool: codes reserved by the previous phase are released and \
+         cif_codes vacuumed first"
+            .into(),
+    );
+    let parameters = serde_json::json!({
+        "seconds_per_level": opts.seconds,
+        "concurrency": opts.concurrency,
+        "fixed_rate": opts.rate,
+        "raw": opts.raw,
+        "raw_method": raw_method.as_ref().map(RawMethod::name),
+        "pool": { "name": POOL, "digits": 9, "check": "damm", "prefix": "7" },
+        "service_database_max_connections": db_settings.max_connections,
+        "service_database_acquire_timeout_ms": db_settings.acquire_timeout.as_millis() as u64,
+        "client": "reqwest, keep-alive pool, one tokio task per client, in the same process as the service",
+        "pgbench": "pgbench -n -M prepared -c C -j min(C,2) -T secs -f claim.sql -D lim=1 -D lease=3600 -D pool_id=ID -D holder=bench -l",
+    });
+    Ok(BenchReport { target: "reserve".into(), parameters, machine, results, notes })
+}
+
+enum RawMethod {
+    Pgbench(PathBuf),
+    Sqlx,
+}
+
+impl RawMethod {
+    fn name(&self) -> &'static str {
+        match self {
+            RawMethod::Pgbench(_) => "pgbench",
+            RawMethod::Sqlx => "sqlx",
+        }
+    }
+}
+
+/// Releases every reserved code of `pool`, vacuums, and tops the pool up to `need` available codes;
+/// returns the available count.
+async fn reset(db: &PgPool, pool: &Pool, need: u64) -> anyhow::Result<u64> {
+    sqlx::query(
+        "UPDATE cif_codes SET state = 'available', lease_token = NULL, lease_expires_at = NULL, holder = NULL, \
+         reserved_at = NULL WHERE pool_id = $1 AND state = 'reserved'",
+    )
+    .bind(pool.id)
+    .execute(db)
+    .await
+    .context("releasing the codes of the previous phase")?;
+    let mut available = available(db, pool).await?;
+    while available < need {
+        let summary = refill(db, pool, RefillOptions { force: true }).await.context("pre-filling the bench pool")?;
+        match summary.outcome {
+            RefillOutcome::Busy => tokio::time::sleep(Duration::from_millis(50)).await,
+            RefillOutcome::Exhausted => anyhow::bail!("the bench pool's domain is exhausted"),
+            _ => {}
+        }
+        available = self::available(db, pool).await?;
+    }
+    sqlx::raw_sql("VACUUM (ANALYZE) cif_codes").execute(db).await.context("vacuuming cif_codes")?;
+    Ok(available)
+}
+
+async fn available(db: &PgPool, pool: &Pool) -> anyhow::Result<u64> {
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM cif_codes WHERE pool_id = $1 AND state = 'available'")
+        .bind(pool.id)
+        .fetch_one(db)
+        .await?;
+    Ok(n as u64)
+}
+
+async fn reserved_count(db: &PgPool, pool: &Pool) -> anyhow::Result<u64> {
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM cif_codes WHERE pool_id = $1 AND state = 'reserved'")
+        .bind(pool.id)
+        .fetch_one(db)
+        .await?;
+    Ok(n as u64)
+}
+
+const BODY: &str = r#"{"customer_type":"bench"}"#;
+
+fn request(client: &reqwest::Client, url: &str) -> reqwest::RequestBuilder {
+    client.post(url).header("content-type", "application/json").header("x-holder", HOLDER).body(BODY)
+}
+
+/// What one client task saw.
+#[derive(Default)]
+struct Tally {
+    latencies_us: Vec<u64>,
+    errors: BTreeMap<String, u64>,
+    per_second: Vec<u64>,
+}
+
+impl Tally {
+    fn merge(&mut self, other: Tally) {
+        self.latencies_us.extend(other.latencies_us);
+        for (k, v) in other.errors {
+            *self.errors.entry(k).or_default() += v;
+        }
+        if self.per_second.len() < other.per_second.len() {
+            self.per_second.resize(other.per_second.len(), 0);
+        }
+        for (i, v) in other.per_second.into_iter().enumerate() {
+            self.per_second[i] += v;
+        }
+    }
+
+    fn record(&mut self, status: Result<u16, ()>, latency: Duration, since_start: Duration, done: &AtomicU64) {
+        match status {
+            Ok(201) => {
+                self.latencies_us.push(latency.as_micros() as u64);
+                let second = since_start.as_secs() as usize;
+                if self.per_second.len() <= second {
+                    self.per_second.resize(second + 1, 0);
+                }
+                self.per_second[second] += 1;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(other) => *self.errors.entry(other.to_string()).or_default() += 1,
+            Err(()) => *self.errors.entry("transport".into()).or_default() += 1,
+        }
+    }
+}
+
+async fn send(client: &reqwest::Client, url: &str) -> Result<u16, ()> {
+    match request(client, url).send().await {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            // Read the body so the connection goes back to the pool.
+            let _ = resp.bytes().await;
+            Ok(status)
+        }
+        Err(_) => Err(()),
+    }
+}
+
+/// Drives a bar from `done` until `stop`, showing the running rate.
+fn ticker(
+    bar: indicatif::ProgressBar,
+    started: Instant,
+    done: Arc<AtomicU64>,
+    total_ms: u64,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        loop {
+            let elapsed = started.elapsed();
+            bar.set_position((elapsed.as_millis() as u64).min(total_ms) / 1000);
+            let n = done.load(Ordering::Relaxed);
+            bar.set_message(format!("{} ok, {}/s", thousands(n as f64), thousands(n as f64 / elapsed.as_secs_f64())));
+            tokio::select! {
+                _ = &mut rx => break,
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+        bar.finish();
+    });
+    (tx, task)
+}
+
+async fn closed_loop(client: &reqwest::Client, url: &str, c: usize, secs: u64, progress: bool) -> ServiceLevel {
+    let bar = super::bar(progress, &format!("service c={c}"), secs, "s");
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(secs);
+    let (stop, tick) = ticker(bar, started, done.clone(), secs * 1000);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..c {
+        let (client, url, done) = (client.clone(), url.to_string(), done.clone());
+        tasks.spawn(async move {
+            let mut tally = Tally::default();
+            loop {
+                let t0 = Instant::now();
+                if t0 >= deadline {
+                    break;
+                }
+                let status = send(&client, &url).await;
+                let end = Instant::now();
+                if status.is_err() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                tally.record(status, end - t0, end - started, &done);
+            }
+            tally
+        });
+    }
+    let mut all = Tally::default();
+    while let Some(t) = tasks.join_next().await {
+        if let Ok(t) = t {
+            all.merge(t);
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let _ = stop.send(());
+    let _ = tick.await;
+    let reservations = all.latencies_us.len() as u64;
+    ServiceLevel {
+        concurrency: c,
+        seconds,
+        reservations,
+        rate_per_s: reservations as f64 / seconds,
+        latency: Latency::from_micros(all.latencies_us),
+        errors: all.errors,
+        per_second: all.per_second,
+        available_before: 0,
+    }
+}
+
+async fn open_loop(client: &reqwest::Client, url: &str, rate: f64, secs: u64, progress: bool) -> FixedRate {
+    let bar = super::bar(progress, &format!("service {rate:.0} req/s"), secs, "s");
+    let done = Arc::new(AtomicU64::new(0));
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let max_in_flight = Arc::new(AtomicUsize::new(0));
+    let scheduled = (rate * secs as f64).round() as u64;
+    let period = Duration::from_secs_f64(1.0 / rate);
+    let started = Instant::now();
+    let (stop, tick) = ticker(bar, started, done.clone(), secs * 1000);
+    let origin = tokio::time::Instant::now() + Duration::from_millis(5);
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut all = Tally::default();
+    for i in 0..scheduled {
+        let at = origin + period.mul_f64(i as f64);
+        tokio::time::sleep_until(at).await;
+        let (client, url, done) = (client.clone(), url.to_string(), done.clone());
+        let (in_flight, max_in_flight) = (in_flight.clone(), max_in_flight.clone());
+        tasks.spawn(async move {
+            let now = in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+            max_in_flight.fetch_max(now, Ordering::Relaxed);
+            let status = send(&client, &url).await;
+            in_flight.fetch_sub(1, Ordering::Relaxed);
+            let end = tokio::time::Instant::now();
+            let mut tally = Tally::default();
+            tally.record(status, end - at, end.into_std() - started, &done);
+            tally
+        });
+        // Reap finished tasks as we go so the set stays small.
+        while let Some(t) = tasks.try_join_next() {
+            if let Ok(t) = t {
+                all.merge(t);
+            }
+        }
+    }
+    while let Some(t) = tasks.join_next().await {
+        if let Ok(t) = t {
+            all.merge(t);
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let _ = stop.send(());
+    let _ = tick.await;
+    let reservations = all.latencies_us.len() as u64;
+    FixedRate {
+        target_rate: rate,
+        scheduled,
+        reservations,
+        achieved_rate: reservations as f64 / seconds,
+        latency: Latency::from_micros(all.latencies_us),
+        errors: all.errors,
+        max_in_flight: max_in_flight.load(Ordering::Relaxed),
+    }
+}
+
+/// The service's claim as a pgbench script: its binds become pgbench variables (`-D`), so with
+/// `-M prepared` the server sees the same prepared statement with the same parameter positions.
+pub fn pgbench_script() -> String {
+    let sql = crate::cif::store::reserve_sql()
+        .replace("$1", ":lim")
+        .replace("$2", ":lease")
+        .replace("$3", ":pool_id")
+        .replace("$4", ":holder");
+    format!("{sql};\n")
+}
+
+async fn pgbench_level(
+    bin: &std::path::Path,
+    connect: &PgConnectOptions,
+    pool: &Pool,
+    c: usize,
+    secs: u64,
+    dir: &std::path::Path,
+    progress: bool,
+) -> anyhow::Result<RawLevel> {
+    let run_dir = scratch_dir(dir, &format!("c{c}"))?;
+    let script = run_dir.join("claim.sql");
+    std::fs::write(&script, pgbench_script())?;
+    let bar = super::bar(progress, &format!("pgbench c={c}"), secs, "s");
+    let done = Arc::new(AtomicU64::new(0));
+    let (stop, tick) = ticker(bar, Instant::now(), done, secs * 1000);
+    let lease = pool.settings.lease_ttl.as_secs();
+    let output = tokio::process::Command::new(bin)
+        .args(["-n", "-M", "prepared", "-l", "--log-prefix", "pgb"])
+        .args(["-c", &c.to_string(), "-j", &c.min(2).to_string(), "-T", &secs.to_string()])
+        .arg("-f")
+        .arg(&script)
+        .args(["-D", "lim=1", "-D", &format!("lease={lease}"), "-D", &format!("pool_id={}", pool.id)])
+        .args(["-D", &format!("holder={HOLDER}")])
+        .envs(libpq_env(connect))
+        .current_dir(&run_dir)
+        .output()
+        .await
+        .with_context(|| format!("running {}", bin.display()))?;
+    let _ = stop.send(());
+    let _ = tick.await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    anyhow::ensure!(output.status.success(), "pgbench failed ({}): {stdout}\n{stderr}", output.status);
+    let parsed = parse_pgbench(&stdout).with_context(|| format!("unexpected pgbench output:\n{stdout}\n{stderr}"))?;
+    let mut latencies = Vec::new();
+    for entry in std::fs::read_dir(&run_dir)? {
+        let path = entry?.path();
+        if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("pgb.")) {
+            latencies.extend(parse_pgbench_log(&std::fs::read_to_string(&path)?));
+        }
+    }
+    Ok(RawLevel {
+        concurrency: c,
+        method: "pgbench",
+        seconds: secs as f64,
+        transactions: parsed.transactions,
+        claimed: 0,
+        failed: parsed.failed,
+        rate_per_s: parsed.tps,
+        latency: Latency::from_micros(latencies),
+        available_before: 0,
+    })
+}
+
+/// What pgbench's summary says.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PgbenchSummary {
+    /// `tps = … (without initial connection time)`.
+    pub tps: f64,
+    /// `number of transactions actually processed`.
+    pub transactions: u64,
+    /// `number of failed transactions` (PostgreSQL 15+; 0 before).
+    pub failed: u64,
+}
+
+/// Parses pgbench's summary output.
+pub fn parse_pgbench(stdout: &str) -> Option<PgbenchSummary> {
+    let number_after = |line: &str, key: &str| -> Option<f64> {
+        let rest = line.trim().strip_prefix(key)?;
+        rest.trim_start_matches([' ', '=', ':']).split(|c: char| c.is_whitespace() || c == '/').next()?.parse().ok()
+    };
+    let mut tps = None;
+    let mut transactions = None;
+    let mut failed = 0;
+    for line in stdout.lines() {
+        if line.starts_with("tps") {
+            // Prefer the figure without connection time; older versions print both.
+            if tps.is_none() || line.contains("without") || line.contains("excluding") {
+                tps = number_after(line, "tps").or(tps);
+            }
+        } else if let Some(n) = number_after(line, "number of transactions actually processed") {
+            transactions = Some(n as u64);
+        } else if let Some(n) = number_after(line, "number of failed transactions") {
+            failed = n as u64;
+        }
+    }
+    Some(PgbenchSummary { tps: tps?, transactions: transactions?, failed })
+}
+
+/// Latencies (µs) of a pgbench `-l` log: `client_id transaction_no time script_no time_epoch time_us`.
+pub fn parse_pgbench_log(text: &str) -> Vec<u64> {
+    text.lines().filter_map(|line| line.split_whitespace().nth(2)?.parse::<u64>().ok()).collect()
+}
+
+async fn sqlx_level(
+    connect: &PgConnectOptions,
+    pool: &Pool,
+    c: usize,
+    secs: u64,
+    progress: bool,
+) -> anyhow::Result<RawLevel> {
+    let db = PgPoolOptions::new().max_connections(c as u32).connect_with(connect.clone()).await?;
+    let mut conns = Vec::with_capacity(c);
+    for _ in 0..c {
+        conns.push(db.acquire().await?);
+    }
+    let bar = super::bar(progress, &format!("sqlx c={c}"), secs, "s");
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(secs);
+    let (stop, tick) = ticker(bar, started, done.clone(), secs * 1000);
+    let lease = pool.settings.lease_ttl.as_secs_f64();
+    let pool_id = pool.id;
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut conn in conns {
+        let done = done.clone();
+        tasks.spawn(async move {
+            let (mut lat, mut failed, mut n) = (Vec::new(), 0u64, 0u64);
+            while Instant::now() < deadline {
+                let t0 = Instant::now();
+                let res = sqlx::query(sqlx::AssertSqlSafe(crate::cif::store::reserve_sql()))
+                    .bind(1_i64)
+                    .bind(lease)
+                    .bind(pool_id)
+                    .bind(HOLDER)
+                    .fetch_optional(&mut *conn)
+                    .await;
+                n += 1;
+                match res {
+                    Ok(_) => {
+                        lat.push(t0.elapsed().as_micros() as u64);
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => failed += 1,
+                }
+            }
+            (lat, failed, n)
+        });
+    }
+    let (mut lat, mut failed, mut n) = (Vec::new(), 0, 0);
+    while let Some(r) = tasks.join_next().await {
+        if let Ok((l, f, k)) = r {
+            lat.extend(l);
+            failed += f;
+            n += k;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let _ = stop.send(());
+    let _ = tick.await;
+    db.close().await;
+    Ok(RawLevel {
+        concurrency: c,
+        method: "sqlx",
+        seconds,
+        transactions: n,
+        claimed: 0,
+        failed,
+        rate_per_s: (n - failed) as f64 / seconds,
+        latency: Latency::from_micros(lat),
+        available_before: 0,
+    })
+}
+
+/// The summary table of a report.
+pub fn table(report: &BenchReport<ReserveResults>) -> String {
+    let mut rows = Vec::new();
+    let lat = |l: &Option<Latency>, f: fn(&Latency) -> f64| l.as_ref().map_or("-".into(), |l| ms(f(l)));
+    for level in &report.results.levels {
+        let raw = level.raw.as_ref();
+        rows.push(vec![
+            level.concurrency.to_string(),
+            thousands(level.service.rate_per_s),
+            lat(&level.service.latency, |l| l.p50_ms),
+            lat(&level.service.latency, |l| l.p99_ms),
+            raw.map_or("-".into(), |r| thousands(r.rate_per_s)),
+            raw.map_or("-".into(), |r| lat(&r.latency, |l| l.p50_ms)),
+            raw.map_or("-".into(), |r| lat(&r.latency, |l| l.p99_ms)),
+            level.service_over_raw.map_or("-".into(), |x| format!("{x:.2}")),
+        ]);
+    }
+    let mut out =
+        format!("reserve: POST /v1/cif vs raw claim ({}), {} s per level\n", raw_name(report), seconds(report));
+    out.push_str(&text_table(
+        &["clients", "service/s", "p50 ms", "p99 ms", "raw/s", "raw p50", "raw p99", "service/raw"],
+        &rows,
+    ));
+    if let Some(f) = &report.results.fixed_rate {
+        let l = f.latency.as_ref();
+        out.push_str(&format!(
+            "\nfixed rate {} req/s (open loop, from scheduled time): achieved {}/s, p50 {} ms, p99 {} ms, max {} ms",
+            thousands(f.target_rate),
+            thousands(f.achieved_rate),
+            l.map_or("-".into(), |l| ms(l.p50_ms)),
+            l.map_or("-".into(), |l| ms(l.p99_ms)),
+            l.map_or("-".into(), |l| ms(l.max_ms)),
+        ));
+    }
+    for note in &report.notes {
+        out.push_str(&format!("\nnote: {note}"));
+    }
+    out
+}
+
+fn raw_name(report: &BenchReport<ReserveResults>) -> String {
+    report.parameters["raw_method"].as_str().unwrap_or("none").to_string()
+}
+
+fn seconds(report: &BenchReport<ReserveResults>) -> u64 {
+    report.parameters["seconds_per_level"].as_u64().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_pgbench_15_output() {
+        let out = "transaction type: claim.sql\nscaling factor: 1\nquery mode: prepared\nnumber of clients: 16\n\
+                   number of threads: 2\nmaximum number of tries: 1\nduration: 5 s\n\
+                   number of transactions actually processed: 51234\nnumber of failed transactions: 0 (0.000%)\n\
+                   latency average = 1.561 ms\ninitial connection time = 12.345 ms\n\
+                   tps = 10246.800000 (without initial connection time)\n";
+        let s = parse_pgbench(out).unwrap();
+        assert_eq!(s, PgbenchSummary { tps: 10246.8, transactions: 51234, failed: 0 });
+        let old = "number of transactions actually processed: 10/10\ntps = 5.0 (including connections establishing)\n\
+                   tps = 6.0 (excluding connections establishing)\n";
+        let s = parse_pgbench(old).unwrap();
+        assert_eq!(s.transactions, 10);
+        assert_eq!(s.tps, 6.0);
+    }
+
+    #[test]
+    fn parses_pgbench_log() {
+        assert_eq!(
+            parse_pgbench_log("0 1 1234 0 1700000000 123\n0 2 failed 0 1700000000 456\n1 1 99 0 1 2\n"),
+            [1234, 99]
+        );
+    }
+
+    #[test]
+    fn script_has_no_positional_binds() {
+        let s = pgbench_script();
+        assert!(!s.contains('$'), "{s}");
+        assert!(s.contains(":pool_id") && s.contains(":lease::float8") && s.trim_end().ends_with(';'));
+    }
+}

@@ -1,0 +1,94 @@
+//! `cifpool bench reserve|refill` with tiny parameters on a test database: each writes its JSON with
+//! positive figures. (The figures themselves mean nothing here: debug-ish build, fsync off.)
+
+mod common;
+
+use cifpool::bench::{BenchArgs, RawMode, Target, run_on};
+use sqlx::postgres::PgConnectOptions;
+
+fn positive(v: &serde_json::Value, what: &str) -> f64 {
+    let x = v.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {v}"));
+    assert!(x > 0.0, "{what} = {x}");
+    x
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_and_refill_write_json_with_positive_figures() {
+    cifpool::telemetry::init_logging(cifpool::config::LogFormat::Text, "warn");
+    let db = common::fresh_database().await;
+    let settings = common::test_settings(&db.url);
+    let connect: PgConnectOptions = db.url.parse().unwrap();
+    let out = tempfile::tempdir().unwrap();
+
+    let mut args = BenchArgs::new(Target::Reserve);
+    args.out = out.path().to_path_buf();
+    args.duration = 1.0;
+    args.concurrency = vec![1, 4];
+    args.rate = 200.0;
+    args.raw = RawMode::Auto;
+    args.no_progress = true;
+    let path = run_on(&connect, &settings, &args).await.expect("bench reserve");
+    assert_eq!(path, out.path().join("reserve.json"));
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(json["target"], "reserve");
+    positive(&json["machine"]["cores"], "cores");
+    assert!(json["machine"]["postgres_version"].as_str().unwrap().starts_with("PostgreSQL"));
+    let levels = json["results"]["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2);
+    for level in levels {
+        positive(&level["service"]["rate_per_s"], "service rate");
+        positive(&level["service"]["latency"]["p99_ms"], "service p99");
+        positive(&level["raw"]["rate_per_s"], "raw rate");
+        positive(&level["service_over_raw"], "ratio");
+        assert!(level["service"]["errors"].as_object().unwrap().is_empty(), "errors: {level}");
+    }
+    let fixed = &json["results"]["fixed_rate"];
+    positive(&fixed["achieved_rate"], "fixed-rate achieved");
+    positive(&fixed["latency"]["p99_ms"], "fixed-rate p99");
+
+    let mut args = BenchArgs::new(Target::Refill);
+    args.out = out.path().to_path_buf();
+    args.refill_codes = 20_000;
+    args.naive_rows = 300;
+    args.no_progress = true;
+    let path = run_on(&connect, &settings, &args).await.expect("bench refill");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(json["target"], "refill");
+    let r = &json["results"];
+    assert_eq!(r["refill"]["rows"], 20_000);
+    assert_eq!(r["refill_batches"], 2);
+    for key in ["refill", "copy", "naive_insert", "encode_only"] {
+        positive(&r[key]["codes_per_s"], key);
+    }
+    positive(&r["refill_over_copy"], "refill/COPY");
+}
+
+#[tokio::test]
+async fn queue_and_soak_are_not_implemented_yet() {
+    let settings = cifpool::config::Settings::load_with_env(None, Vec::new()).unwrap();
+    for target in [Target::Queue, Target::Soak] {
+        let err = cifpool::bench::run(&settings, &BenchArgs::new(target)).unwrap_err();
+        assert!(err.to_string().contains("not implemented yet"), "{err}");
+    }
+}
+
+/// The real thing on the embedded cluster (fsync on), until the CLI is wired:
+/// `CIFPOOL_BENCH_OUT=bench-out cargo test --release --test bench_smoke -- --ignored --nocapture`.
+#[test]
+#[ignore = "a full benchmark run: minutes, release build"]
+fn full_run_on_the_embedded_cluster() {
+    cifpool::telemetry::init_logging(cifpool::config::LogFormat::Text, "warn");
+    let mut settings = cifpool::config::Settings::load_with_env(None, Vec::new()).unwrap();
+    let dir = std::env::temp_dir().join("cifpool-bench-cluster");
+    cifpool::db::embedded::create_server_owned_dir(&dir).unwrap();
+    settings.database.data_dir = dir.join("pg");
+    let out = std::env::var("CIFPOOL_BENCH_OUT").unwrap_or_else(|_| "bench-out".into());
+    let seconds: f64 = std::env::var("CIFPOOL_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5.0);
+    for target in [Target::Reserve, Target::Refill] {
+        let mut args = BenchArgs::new(target);
+        args.out = out.clone().into();
+        args.duration = seconds;
+        args.no_progress = true;
+        cifpool::bench::run(&settings, &args).unwrap();
+    }
+}
