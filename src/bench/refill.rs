@@ -176,6 +176,8 @@ async fn measure(db: &PgPool, opts: &RefillBenchOptions) -> anyhow::Result<(Refi
         let encode_only = Phase::new(opts.codes, started.elapsed());
         let bar = super::bar(opts.progress, "one COPY", text.len() as u64, "bytes");
         let mut conn = db.acquire().await?;
+        // One statement of 1,000,000 rows may outlast the service's per-statement cap.
+        sqlx::query("SET statement_timeout = 0").execute(&mut *conn).await?;
         let started = Instant::now();
         let mut copy = conn.copy_in_raw("COPY cif_codes (pool_id, counter, code) FROM STDIN").await?;
         for chunk in text.as_bytes().chunks(1 << 20) {
