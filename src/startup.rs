@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -59,6 +60,25 @@ impl Database {
             }
         }
     }
+}
+
+/// Drops and re-creates the scratch database `name` on the server `database` is connected to, migrates
+/// it, and returns its connect options (the lab and the benchmarks never touch the service's tables).
+pub async fn recreate_scratch_database(database: &Database, name: &str) -> anyhow::Result<PgConnectOptions> {
+    let options = database.pool.connect_options().as_ref().clone();
+    let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
+    // Identifiers cannot be bound; `name` is a constant of ours, not input.
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))).execute(&admin).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&admin)
+        .await
+        .with_context(|| format!("creating the scratch database {name} (the role needs CREATEDB)"))?;
+    admin.close().await;
+    let connect = options.database(name);
+    let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_with(connect.clone()).await?;
+    db::migrate(&db).await.with_context(|| format!("migrating {name}"))?;
+    db.close().await;
+    Ok(connect)
 }
 
 /// Creates `name` on the cluster unless it exists.

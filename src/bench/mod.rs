@@ -173,21 +173,7 @@ pub async fn run_on(connect: &PgConnectOptions, settings: &Settings, args: &Benc
 /// Drops and re-creates [`BENCH_DATABASE`] on the server `database` is connected to, migrates it and
 /// returns its connect options.
 pub async fn open_bench_database(database: &crate::startup::Database) -> anyhow::Result<PgConnectOptions> {
-    let options = database.pool.connect_options().as_ref().clone();
-    let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")))
-        .execute(&admin)
-        .await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {BENCH_DATABASE}")))
-        .execute(&admin)
-        .await
-        .context("creating the bench database (the role needs CREATEDB)")?;
-    admin.close().await;
-    let connect = options.database(BENCH_DATABASE);
-    let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_with(connect.clone()).await?;
-    crate::db::migrate(&db).await.context("migrating the bench database")?;
-    db.close().await;
-    Ok(connect)
+    crate::startup::recreate_scratch_database(database, BENCH_DATABASE).await
 }
 
 /// A pool definition for benchmarks: the default `individual` format (9 digits + Damm) under its own

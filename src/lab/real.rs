@@ -374,18 +374,7 @@ pub async fn open_lab_database(
     settings: &crate::config::Settings,
 ) -> anyhow::Result<(crate::startup::Database, PgPool)> {
     let database = crate::startup::Database::open(settings).await?;
-    let options = database.pool.connect_options().as_ref().clone();
-    let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {LAB_DATABASE} WITH (FORCE)")))
-        .execute(&admin)
-        .await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {LAB_DATABASE}")))
-        .execute(&admin)
-        .await
-        .context("creating the lab database (the role needs CREATEDB)")?;
-    admin.close().await;
-    let db =
-        sqlx::postgres::PgPoolOptions::new().max_connections(40).connect_with(options.database(LAB_DATABASE)).await?;
-    crate::db::migrate(&db).await?;
+    let connect = crate::startup::recreate_scratch_database(&database, LAB_DATABASE).await?;
+    let db = sqlx::postgres::PgPoolOptions::new().max_connections(40).connect_with(connect).await?;
     Ok((database, db))
 }
