@@ -444,6 +444,15 @@ fn ticker(
     (tx, task)
 }
 
+/// Waits for every load task and folds its tally into `all`.
+async fn merge_all(tasks: &mut tokio::task::JoinSet<Tally>, all: &mut Tally) {
+    while let Some(t) = tasks.join_next().await {
+        if let Ok(t) = t {
+            all.merge(t);
+        }
+    }
+}
+
 async fn closed_loop(client: &reqwest::Client, url: &str, c: usize, secs: u64, progress: bool) -> ServiceLevel {
     let bar = super::bar(progress, &format!("service c={c}"), secs, "s");
     let done = Arc::new(AtomicU64::new(0));
@@ -471,11 +480,7 @@ async fn closed_loop(client: &reqwest::Client, url: &str, c: usize, secs: u64, p
         });
     }
     let mut all = Tally::default();
-    while let Some(t) = tasks.join_next().await {
-        if let Ok(t) = t {
-            all.merge(t);
-        }
-    }
+    merge_all(&mut tasks, &mut all).await;
     let seconds = started.elapsed().as_secs_f64();
     let _ = stop.send(());
     let _ = tick.await;
@@ -526,11 +531,7 @@ async fn open_loop(client: &reqwest::Client, url: &str, rate: f64, secs: u64, pr
             }
         }
     }
-    while let Some(t) = tasks.join_next().await {
-        if let Ok(t) = t {
-            all.merge(t);
-        }
-    }
+    merge_all(&mut tasks, &mut all).await;
     let seconds = started.elapsed().as_secs_f64();
     let _ = stop.send(());
     let _ = tick.await;

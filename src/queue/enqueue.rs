@@ -152,11 +152,8 @@ pub async fn enqueue_one(
     delay: Duration,
 ) -> Result<Enqueued, sqlx::Error> {
     let class = &rt.classes[&job.class].settings;
-    if let Some(key) = &job.idempotency_key
-        && let Some(id) = existing(db, &job.tenant, key).await?
-    {
-        return Ok(Enqueued { id, created: false });
-    }
+    // No look-up first: callers that need one before admission do it ([`existing`]); a repeated key
+    // loses the insert below and gets the existing job back.
     let mut tx = db.begin().await?;
     let (fair_key, _) = reserve_fair_keys(&mut tx, class.priority, &job.tenant, 1, weight(rt, &job.tenant)).await?;
     let id: Option<i64> = sqlx::query_scalar(
@@ -181,13 +178,10 @@ pub async fn enqueue_one(
     tx.commit().await?;
     match id {
         Some(id) => Ok(Enqueued { id, created: true }),
-        // Lost a race with the same key: return the winner.
+        // The key exists (an earlier request, or a concurrent one that won): return that job.
         None => {
-            let id = sqlx::query_scalar("SELECT id FROM notification_jobs WHERE tenant = $1 AND idempotency_key = $2")
-                .bind(&job.tenant)
-                .bind(&job.idempotency_key)
-                .fetch_one(db)
-                .await?;
+            let key = job.idempotency_key.as_deref().unwrap_or_default();
+            let id = existing(db, &job.tenant, key).await?.ok_or(sqlx::Error::RowNotFound)?;
             Ok(Enqueued { id, created: false })
         }
     }

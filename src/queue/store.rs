@@ -52,6 +52,19 @@ pub struct ClaimedJob {
     pub picked_at: DateTime<Utc>,
 }
 
+impl From<&ClaimedJob> for crate::queue::provider::Message {
+    fn from(job: &ClaimedJob) -> Self {
+        crate::queue::provider::Message {
+            id: job.id,
+            class: job.class.clone(),
+            tenant: job.tenant.clone(),
+            recipient: job.recipient.clone(),
+            payload: job.payload.clone(),
+            attempt: job.attempt,
+        }
+    }
+}
+
 /// The claim statement of one group: its classes, its order, per-tenant in-flight caps.
 /// Binds: `$1` limit, `$2` lease seconds, `$3` classes (`text[]`), `$4` per-class tenant caps (`int4[]`,
 /// aligned with `$3`).

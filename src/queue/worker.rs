@@ -166,14 +166,7 @@ impl WorkerGroup {
         }
         let in_flight = metrics::gauge!("cifpool_queue_in_flight", &labels);
         in_flight.increment(1.0);
-        let message = Message {
-            id: job.id,
-            class: job.class.clone(),
-            tenant: job.tenant.clone(),
-            recipient: job.recipient.clone(),
-            payload: job.payload.clone(),
-            attempt: job.attempt,
-        };
+        let message = Message::from(&job);
         let started = Instant::now();
         let result = {
             let send = class.provider.provider.send(&message);
