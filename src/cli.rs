@@ -440,6 +440,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bench(args) => {
             crate::telemetry::init_logging(settings.log.format, "warn");
+            // Metrics are recorded as in `serve` (a recorder costs CPU per event; leaving it out
+            // would flatter the figures).
+            crate::telemetry::metrics_handle();
             crate::bench::run(&settings, &args)?;
             Ok(ExitCode::SUCCESS)
         }

@@ -63,13 +63,55 @@ async fn reserve_and_refill_write_json_with_positive_figures() {
     positive(&r["refill_over_copy"], "refill/COPY");
 }
 
-#[tokio::test]
-async fn queue_and_soak_are_not_implemented_yet() {
-    let settings = cifpool::config::Settings::load_with_env(None, Vec::new()).unwrap();
-    for target in [Target::Queue, Target::Soak] {
-        let err = cifpool::bench::run(&settings, &BenchArgs::new(target)).unwrap_err();
-        assert!(err.to_string().contains("not implemented yet"), "{err}");
-    }
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_and_soak_write_json_with_clean_runs() {
+    cifpool::telemetry::init_logging(cifpool::config::LogFormat::Text, "warn");
+    let db = common::fresh_database().await;
+    let settings = common::test_settings(&db.url);
+    let connect: PgConnectOptions = db.url.parse().unwrap();
+    let out = tempfile::tempdir().unwrap();
+
+    let mut args = BenchArgs::new(Target::Queue);
+    args.out = out.path().to_path_buf();
+    args.jobs = 3_000;
+    args.enqueue_jobs = 2_000;
+    args.promo_jobs = 3_000;
+    args.otp_rate = 20.0;
+    args.tenants = 7;
+    args.no_progress = true;
+    let path = run_on(&connect, &settings, &args).await.expect("bench queue");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(json["target"], "queue");
+    let r = &json["results"];
+    assert_eq!(r["enqueue"]["accepted"], 2_000);
+    positive(&r["enqueue"]["jobs_per_s"], "enqueue rate");
+    // A clean drain: every job sent once, one result each.
+    assert_eq!(r["drain"]["sent"], 3_000, "{r}");
+    assert_eq!(r["drain"]["result_rows"], 3_000);
+    assert_eq!(r["drain"]["attempts"], 3_000);
+    positive(&r["drain"]["jobs_per_s"], "drain rate");
+    let otp = &r["otp_during_promo"];
+    assert_eq!(otp["promo_sent"], 3_000);
+    assert!(otp["otp_enqueued"].as_u64().unwrap() >= 150, "{otp}");
+    assert_eq!(otp["otp_sent"], otp["otp_enqueued"], "{otp}");
+    positive(&otp["otp_wait"]["p99_ms"], "OTP wait p99");
+    assert!(json["notes"].as_array().unwrap().len() == 1, "unexpected notes: {}", json["notes"]);
+
+    let mut args = BenchArgs::new(Target::Soak);
+    args.out = out.path().to_path_buf();
+    args.minutes = 0.1;
+    args.concurrency = vec![2];
+    args.queue_rate = 500.0;
+    args.no_progress = true;
+    let path = run_on(&connect, &settings, &args).await.expect("bench soak");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(json["target"], "soak");
+    let r = &json["results"];
+    assert!(r["errors"].as_object().unwrap().is_empty(), "{r}");
+    let end = r["tables_end"].as_array().unwrap();
+    let live = |t: &str| end.iter().find(|x| x["table"] == t).unwrap()["live_rows"].as_i64().unwrap();
+    assert!(live("cif_issued") > 0, "{r}");
+    assert!(live("notification_jobs") > 0, "{r}");
 }
 
 /// The real thing on the embedded cluster (fsync on), until the CLI is wired:

@@ -571,3 +571,84 @@ async fn dlq_inputs_out_of_range_are_refused_not_500() {
         assert_problem(replay(body.clone()).await.unwrap(), 422).await;
     }
 }
+
+#[tokio::test]
+async fn a_batched_finish_writes_only_the_rows_whose_lease_still_holds() {
+    let e = env().await;
+    let ids = e.enqueue("promo", "acme", 3).await;
+    let group = e.group(Strategy::Priority, 0);
+    let jobs = group.claim(3).await.unwrap();
+    assert_eq!(jobs.len(), 3);
+    // The second job's lease expires and the sweep hands it back; another claim takes it.
+    let lost = jobs[1].id;
+    sqlx::query("UPDATE notification_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
+        .bind(lost)
+        .execute(&e.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(store::rescue_expired_leases(&e.db.pool, 100).await.unwrap(), 1);
+    sqlx::query("UPDATE notification_jobs SET run_after = now() WHERE id = $1")
+        .bind(lost)
+        .execute(&e.db.pool)
+        .await
+        .unwrap();
+    let again = group.claim(3).await.unwrap();
+    assert_eq!(again.iter().map(|j| j.id).collect::<Vec<_>>(), [lost]);
+
+    let ids_in: Vec<i64> = jobs.iter().map(|j| j.id).collect();
+    let tokens: Vec<uuid::Uuid> = jobs.iter().map(|j| j.token).collect();
+    let mut done =
+        store::mark_sent_many(&e.db.pool, &ids_in, &tokens, &["push"; 3], &[Some("ref-a"), None, None]).await.unwrap();
+    done.sort_unstable();
+    let mut expected: Vec<i64> = ids.iter().copied().filter(|&id| id != lost).collect();
+    expected.sort_unstable();
+    assert_eq!(done, expected, "the stale token of the re-claimed job must not finish it");
+    assert_eq!(e.status(lost).await, "sending", "still held by the second claim");
+    assert_eq!(e.count("SELECT count(*) FROM notification_results").await, 2);
+    let first_ref: Option<String> =
+        sqlx::query_scalar("SELECT provider_ref FROM notification_results WHERE job_id = $1")
+            .bind(jobs[0].id)
+            .fetch_one(&e.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(first_ref.as_deref(), Some("ref-a"));
+    // The current holder finishes normally; a repeat of the batch changes nothing.
+    assert_eq!(store::mark_sent(&e.db.pool, &again[0], "push", None).await.unwrap(), Fenced::Done);
+    let repeat = store::mark_sent_many(&e.db.pool, &ids_in, &tokens, &["push"; 3], &[None, None, None]).await.unwrap();
+    assert!(repeat.is_empty(), "{repeat:?}");
+    assert_eq!(e.count("SELECT count(*) FROM notification_results").await, 3);
+}
+
+#[tokio::test]
+async fn a_bulk_batch_without_keys_keeps_every_byte_of_its_payloads() {
+    let e = env().await;
+    let tricky = json!({
+        "text": "tab\there, newline\nthere, CR\r, backslash \\ and quote \" — tiếng Việt ✓",
+        "nested": {"path": "C:\\temp\\new", "list": [1, 2.5, null, true]},
+    });
+    let jobs: Vec<Value> = (0..3)
+        .map(|i| json!({ "tenant": format!("t{i}"), "recipient": format!("dev\\{i}"), "payload": tricky }))
+        .collect();
+    let r = e
+        .app
+        .client
+        .post(e.app.url("/v1/notifications/batch"))
+        .json(&json!({ "class": "otp", "jobs": jobs }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
+    let rows: Vec<(String, Value, bool, bool)> = sqlx::query_as(
+        "SELECT recipient, payload, deadline > created_at, run_after <= now() FROM notification_jobs ORDER BY id",
+    )
+    .fetch_all(&e.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 3);
+    for (i, (recipient, payload, deadline_after_creation, due)) in rows.into_iter().enumerate() {
+        assert_eq!(recipient, format!("dev\\{i}"));
+        assert_eq!(payload, tricky);
+        assert!(deadline_after_creation, "an OTP batch gets its 15 s deadline");
+        assert!(due);
+    }
+}

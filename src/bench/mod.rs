@@ -6,14 +6,20 @@
 //!   at a fixed open-loop request rate.
 //! - [`refill`]: codes/s of `refill()` (Feistel + `COPY` in batches) filling an empty pool, against a
 //!   naive autocommit `INSERT` per code and one raw `COPY` of the same rows.
+//! - [`soak`]: minutes of reservations (reserve + confirm) and queue traffic together, per-minute
+//!   throughput and table sizes.
+//! - [`queue`]: one HTTP batch of 500,000 jobs, the drain of 200,000 jobs through the worker groups
+//!   with no-op providers, and the OTP wait while a 500,000-job promo backlog drains.
 //!
 //! Everything runs on a scratch database, `cifpool_bench`, dropped and re-created at the start of each
 //! run on the configured server (the embedded cluster unless `database.url` is set). The `run_*`
 //! functions take connect options instead, so tests can point them at a database of their own.
 
+pub mod queue;
 pub mod refill;
 pub mod report;
 pub mod reserve;
+pub mod soak;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -35,9 +41,9 @@ pub enum Target {
     Reserve,
     /// Refill codes/s vs row-by-row INSERT and one raw COPY.
     Refill,
-    /// Queue intake and drain (not implemented yet).
+    /// Queue bulk enqueue, drain rate, OTP wait during a promo drain.
     Queue,
-    /// Long mixed run (not implemented yet).
+    /// Long mixed run: per-minute throughput, first vs last minute, table sizes.
     Soak,
 }
 
@@ -71,7 +77,7 @@ pub enum RawMode {
 /// `cifpool bench …`
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// What to measure: reserve, refill (queue and soak: not implemented yet).
+    /// What to measure: reserve, refill, queue, soak.
     #[arg(value_enum)]
     pub target: Target,
     /// Output directory; the run writes `<target>.json` into it.
@@ -80,7 +86,7 @@ pub struct BenchArgs {
     /// reserve: seconds per concurrency level (and for the fixed-rate run).
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
-    /// reserve: concurrency levels (comma-separated).
+    /// reserve: concurrency levels (comma-separated); soak: the first is its reservation clients.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
     pub concurrency: Vec<usize>,
     /// reserve: open-loop request rate (req/s) for the fixed-rate latency run; 0 skips it.
@@ -95,6 +101,27 @@ pub struct BenchArgs {
     /// refill: rows of the naive autocommit-INSERT baseline (its rate is extrapolated).
     #[arg(long, default_value_t = 5_000)]
     pub naive_rows: u64,
+    /// queue: jobs drained by the workers.
+    #[arg(long, default_value_t = 200_000)]
+    pub jobs: u64,
+    /// queue: jobs in the one bulk-enqueue request.
+    #[arg(long, default_value_t = 500_000)]
+    pub enqueue_jobs: u64,
+    /// queue: promo backlog drained while OTPs arrive.
+    #[arg(long, default_value_t = 500_000)]
+    pub promo_jobs: u64,
+    /// queue: OTPs per second during the promo drain.
+    #[arg(long, default_value_t = 10.0)]
+    pub otp_rate: f64,
+    /// queue: tenants the promo jobs are spread over.
+    #[arg(long, default_value_t = 100)]
+    pub tenants: usize,
+    /// soak: length in minutes.
+    #[arg(long, default_value_t = 10.0)]
+    pub minutes: f64,
+    /// soak: promo jobs per second offered to the queue.
+    #[arg(long, default_value_t = 2000.0)]
+    pub queue_rate: f64,
     /// No progress bars.
     #[arg(long)]
     pub no_progress: bool,
@@ -112,6 +139,13 @@ impl BenchArgs {
             raw: RawMode::Auto,
             refill_codes: 1_000_000,
             naive_rows: 5_000,
+            jobs: 200_000,
+            enqueue_jobs: 500_000,
+            promo_jobs: 500_000,
+            otp_rate: 10.0,
+            tenants: 100,
+            minutes: 10.0,
+            queue_rate: 2000.0,
             no_progress: false,
         }
     }
@@ -124,17 +158,22 @@ impl BenchArgs {
         );
         anyhow::ensure!(self.rate >= 0.0 && self.rate.is_finite(), "--rate must be 0 (off) or positive");
         anyhow::ensure!(self.refill_codes >= 1, "--refill-codes must be at least 1");
+        anyhow::ensure!(
+            self.jobs >= 1 && self.enqueue_jobs >= 1 && self.promo_jobs >= 1,
+            "--jobs, --enqueue-jobs and --promo-jobs must be at least 1"
+        );
+        anyhow::ensure!(self.otp_rate > 0.0 && self.otp_rate <= 10_000.0, "--otp-rate must be in (0, 10000]");
+        anyhow::ensure!(self.tenants >= 1, "--tenants must be at least 1");
+        anyhow::ensure!(self.minutes > 0.0 && self.minutes.is_finite(), "--minutes must be positive");
+        anyhow::ensure!(self.queue_rate >= 0.0 && self.queue_rate.is_finite(), "--queue-rate must be 0 or positive");
         Ok(())
     }
 }
 
 /// Runs `cifpool bench` with `args`: opens the configured server (starting the embedded cluster if
 /// needed), re-creates the scratch database [`BENCH_DATABASE`], measures, writes `<out>/<target>.json`
-/// and prints a table. `queue` and `soak` fail with "not implemented yet".
+/// and prints a table.
 pub fn run(settings: &Settings, args: &BenchArgs) -> anyhow::Result<()> {
-    if matches!(args.target, Target::Queue | Target::Soak) {
-        anyhow::bail!("bench target {:?}: not implemented yet", args.target.name());
-    }
     args.validate()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async {
@@ -163,7 +202,14 @@ pub async fn run_on(connect: &PgConnectOptions, settings: &Settings, args: &Benc
             let report = refill::run(connect, &refill::RefillBenchOptions::from_args(args)).await?;
             (report.write(&args.out)?, refill::table(&report))
         }
-        Target::Queue | Target::Soak => anyhow::bail!("bench target {:?}: not implemented yet", args.target.name()),
+        Target::Queue => {
+            let report = queue::run(connect, settings, &queue::QueueBenchOptions::from_args(args)).await?;
+            (report.write(&args.out)?, queue::table(&report))
+        }
+        Target::Soak => {
+            let report = soak::run(connect, settings, &soak::SoakOptions::from_args(args)).await?;
+            (report.write(&args.out)?, soak::table(&report))
+        }
     };
     println!("{table}");
     println!("wrote {}", path.display());
@@ -244,6 +290,46 @@ pub(crate) fn libpq_env(connect: &PgConnectOptions) -> Vec<(&'static str, String
         env.push(("PGDATABASE", db.to_string()));
     }
     env
+}
+
+/// The real service running in-process on the bench database (its own connection pool, a throw-away
+/// master key: the scratch database is re-created by every run), stopped with [`ServiceUnderTest::stop`].
+pub(crate) struct ServiceUnderTest {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// Its state (pools, queue runtime, database pool).
+    pub state: crate::state::AppState,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl ServiceUnderTest {
+    /// Builds and starts the service with `settings` (listening on an ephemeral port) on `connect`.
+    pub async fn start(connect: &PgConnectOptions, mut settings: Settings) -> anyhow::Result<ServiceUnderTest> {
+        settings.server.listen = "127.0.0.1:0".parse().expect("static address");
+        let db =
+            crate::startup::Database { pool: crate::db::pool(&settings.database, connect.clone()), embedded: None };
+        let app = crate::startup::Application::build_with(settings, db, &crate::keys::MasterKey::generate())
+            .await
+            .context("starting the service under test")?;
+        let base = format!("http://{}", app.local_addr());
+        let state = app.state().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(app.run_until(async move {
+            let _ = stopped.await;
+        }));
+        Ok(ServiceUnderTest { base, state, stop, server })
+    }
+
+    /// Stops it (graceful shutdown, as on SIGTERM) and waits until it has.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        match self.server.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "bench service stopped with an error"),
+            Err(e) => tracing::warn!(error = %e, "bench service task"),
+        }
+    }
 }
 
 /// A private scratch directory under `dir` (for pgbench scripts and logs).

@@ -3,7 +3,7 @@
 //! the latency at a fixed open-loop request rate.
 //!
 //! Method:
-//! - The service runs in-process (the real [`Application`], its configured database pool size and
+//! - The service runs in-process (the real [`crate::startup::Application`], its configured database pool size and
 //!   timeouts) on a bench pool (`bench`, the default `individual` format under prefix 7) whose own
 //!   refill never triggers during a level; the queue workers are off. The load generator is a reqwest
 //!   client (keep-alive connection pool) with one tokio task per concurrent client, closed loop.
@@ -29,11 +29,10 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
-use super::{BenchArgs, RawMode, bench_pool, find_pgbench, libpq_env, scratch_dir};
+use super::{BenchArgs, RawMode, ServiceUnderTest, bench_pool, find_pgbench, libpq_env, scratch_dir};
 use crate::cif::Pool;
 use crate::cif::refill::{RefillOptions, RefillOutcome, refill};
 use crate::config::Settings;
-use crate::startup::{Application, Database};
 
 /// Name (customer type) of the bench pool.
 pub const POOL: &str = "bench";
@@ -172,21 +171,11 @@ pub async fn run(
     let mut notes = Vec::new();
 
     let mut app_settings = settings.clone();
-    app_settings.server.listen = "127.0.0.1:0".parse().expect("static address");
     app_settings.queue.workers_enabled = false;
     app_settings.pools = vec![bench_pool(POOL, "7", 10_000, 10)];
     let db_settings = app_settings.database.clone();
-    let app_db = Database { pool: crate::db::pool(&app_settings.database, connect.clone()), embedded: None };
-    // A throw-away key: the scratch database is re-created by every run.
-    let app = Application::build_with(app_settings, app_db, &crate::keys::MasterKey::generate())
-        .await
-        .context("starting the service under test")?;
-    let base = format!("http://{}", app.local_addr());
-    let pool = app.state().pools.get(POOL).cloned().context("bench pool missing")?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(app.run_until(async move {
-        let _ = stop_rx.await;
-    }));
+    let service = ServiceUnderTest::start(connect, app_settings).await?;
+    let pool = service.state.pools.get(POOL).cloned().context("bench pool missing")?;
 
     let raw_method = match opts.raw {
         RawMode::None => None,
@@ -214,7 +203,7 @@ pub async fn run(
             .pool_max_idle_per_host(usize::MAX)
             .timeout(Duration::from_secs(30))
             .build()?;
-        let url = format!("{base}/v1/cif");
+        let url = format!("{}/v1/cif", service.base);
         let secs = opts.seconds;
         let mut best_rate = INITIAL_RATE_GUESS;
         let mut levels = Vec::new();
@@ -277,12 +266,7 @@ pub async fn run(
     }
     .await;
 
-    let _ = stop_tx.send(());
-    match server.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "bench service stopped with an error"),
-        Err(e) => tracing::warn!(error = %e, "bench service task"),
-    }
+    service.stop().await;
     harness.close().await;
     if let Some(dir) = script_dir {
         let _ = std::fs::remove_dir_all(dir);

@@ -225,7 +225,7 @@ pub async fn run_cell(
     scenario: LabScenario,
     bar: &ProgressBar,
 ) -> anyhow::Result<LabCell> {
-    sqlx::query("TRUNCATE notification_results, notification_jobs, notification_tenant_clock")
+    sqlx::query("TRUNCATE notification_jobs, notification_tenant_clock")
         .execute(db)
         .await
         .context("emptying the queue tables")?;

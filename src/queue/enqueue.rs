@@ -161,7 +161,7 @@ pub async fn enqueue_one(
             (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, idempotency_key) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8::float8 * interval '1 second', \
                  clock_timestamp() + $9::float8 * interval '1 second', $10) \
-         ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING id",
+         ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id",
     )
     .bind(&job.class)
     .bind(class.priority)
@@ -187,8 +187,9 @@ pub async fn enqueue_one(
     }
 }
 
-/// Inserts many validated jobs in one transaction with array binds (`INSERT … SELECT FROM unnest`),
-/// fair keys reserved once per (priority, tenant). Jobs whose idempotency key exists are skipped.
+/// Inserts many validated jobs in one transaction, fair keys reserved once per (priority, tenant).
+/// A batch without idempotency keys (bulk promo, the common case) goes in by `COPY`; a batch with
+/// keys by array binds (`INSERT … SELECT FROM unnest … ON CONFLICT`), skipping jobs whose key exists.
 /// Returns how many rows were inserted per class.
 pub async fn enqueue_batch(
     db: &PgPool,
@@ -210,6 +211,11 @@ pub async fn enqueue_batch(
         for (n, &i) in members.iter().enumerate() {
             keys[i] = first + step * n as f64;
         }
+    }
+    if jobs.iter().all(|j| j.idempotency_key.is_none()) {
+        let inserted = copy_unkeyed(&mut tx, rt, jobs, &keys, delay).await?;
+        tx.commit().await?;
+        return Ok(inserted);
     }
     let mut inserted: BTreeMap<String, u64> = BTreeMap::new();
     for (chunk_no, chunk) in jobs.chunks(CHUNK).enumerate() {
@@ -242,7 +248,7 @@ pub async fn enqueue_batch(
                     clock_timestamp() + d * interval '1 second', k \
              FROM unnest($1::text[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::jsonb[], $7::int4[], \
                          $8::float8[], $9::text[]) AS u(c, p, t, f, r, pl, a, d, k) \
-             ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING class) \
+             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING class) \
              SELECT class, count(*) FROM ins GROUP BY class",
         )
         .bind(&class)
@@ -263,4 +269,82 @@ pub async fn enqueue_batch(
     }
     tx.commit().await?;
     Ok(inserted)
+}
+
+/// Bytes of COPY text sent per message.
+const COPY_CHUNK: usize = 4 << 20;
+
+/// The `COPY` path of [`enqueue_batch`], for jobs without idempotency keys (nothing can conflict).
+/// `run_after` and `deadline` are computed from the transaction's `now()`, the value the column
+/// default would give, so a deadline counts from the start of the batch, never later.
+async fn copy_unkeyed(
+    tx: &mut sqlx::PgConnection,
+    rt: &QueueRuntime,
+    jobs: &[NewJob],
+    keys: &[f64],
+    delay: Duration,
+) -> Result<BTreeMap<String, u64>, sqlx::Error> {
+    use std::fmt::Write as _;
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+    let at = |after: Duration| {
+        let t = now + chrono::Duration::from_std(after).unwrap_or(chrono::Duration::MAX);
+        t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    };
+    let run_after = at(delay);
+    let mut inserted: BTreeMap<String, u64> = BTreeMap::new();
+    let mut copy = tx
+        .copy_in_raw(
+            "COPY notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts, \
+             run_after, deadline) FROM STDIN",
+        )
+        .await?;
+    let mut text = String::with_capacity(COPY_CHUNK + 4096);
+    for (job, key) in jobs.iter().zip(keys) {
+        let class = &rt.classes[&job.class].settings;
+        let payload = job.payload.to_string();
+        let deadline = class.deadline.map_or_else(|| "\\N".to_string(), at);
+        let _ = write!(text, "{}\t{}\t", copy_escape(&job.class), class.priority);
+        let _ = write!(text, "{}\t{key}\t{}\t", copy_escape(&job.tenant), copy_escape(&job.recipient));
+        let _ = writeln!(text, "{}\t{}\t{run_after}\t{deadline}", copy_escape(&payload), class.max_attempts);
+        *inserted.entry(job.class.clone()).or_default() += 1;
+        if text.len() >= COPY_CHUNK {
+            copy.send(text.as_bytes()).await?;
+            text.clear();
+        }
+    }
+    if !text.is_empty() {
+        copy.send(text.as_bytes()).await?;
+    }
+    copy.finish().await?;
+    Ok(inserted)
+}
+
+/// Escapes a value for COPY's text format (backslash, tab, newline, carriage return).
+fn copy_escape(value: &str) -> std::borrow::Cow<'_, str> {
+    if !value.contains(['\\', '\t', '\n', '\r']) {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let mut out = String::with_capacity(value.len() + 8);
+    for ch in value.chars() {
+        match ch {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::copy_escape;
+
+    #[test]
+    fn copy_escape_doubles_backslashes_and_escapes_separators() {
+        assert_eq!(copy_escape("plain"), "plain");
+        assert_eq!(copy_escape(r#"{"a":"x\"y"}"#), r#"{"a":"x\\"y"}"#);
+        assert_eq!(copy_escape("a\tb\nc\rd"), "a\\tb\\nc\\rd");
+    }
 }

@@ -191,6 +191,12 @@ impl AdaptiveLimiter {
         self.state.lock().expect("limiter lock").limit.floor() as u32
     }
 
+    /// Resolves at the next release of a slot (create it before checking [`AdaptiveLimiter::available`]
+    /// so a release in between is not missed).
+    pub fn slot_freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.freed.notified()
+    }
+
     /// A slot if one is free.
     pub fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
         let mut s = self.state.lock().expect("limiter lock");

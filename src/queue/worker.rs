@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::claim::Fenced;
 use crate::config::{ClassSettings, QueueSettings};
+use crate::queue::finish::Finisher;
 use crate::queue::policy::GroupPolicy;
 use crate::queue::provider::{Message, ProviderHandle, SendError, build_providers};
 use crate::queue::store::{self, ClaimedJob, FinalState};
@@ -65,6 +66,9 @@ impl QueueRuntime {
     }
 }
 
+/// Claim loops per group (see [`WorkerGroup::run`]).
+const CLAIM_LOOPS: usize = 2;
+
 /// What one step did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -97,22 +101,57 @@ pub struct WorkerGroup {
     db: PgPool,
     runtime: Arc<QueueRuntime>,
     workers: Arc<Semaphore>,
+    finisher: Finisher,
     /// Jobs being processed by [`WorkerGroup::run`], to hand back if shutdown outlasts the grace.
     in_flight: std::sync::Mutex<BTreeMap<i64, ClaimedJob>>,
 }
 
 impl WorkerGroup {
-    /// A group running `policy` on `db`.
+    /// A group running `policy` on `db` (starts its finish flusher: call within a tokio runtime).
     pub fn new(policy: GroupPolicy, db: PgPool, runtime: Arc<QueueRuntime>) -> Arc<WorkerGroup> {
         let claim_sql = store::claim_sql(&policy);
         let workers = Arc::new(Semaphore::new(policy.size));
-        Arc::new(WorkerGroup { policy, claim_sql, db, runtime, workers, in_flight: Default::default() })
+        let finisher = Finisher::start(db.clone());
+        Arc::new(WorkerGroup { policy, claim_sql, db, runtime, workers, finisher, in_flight: Default::default() })
+    }
+
+    /// Free provider slots for this group: the most any one claim may take (0: every provider of its
+    /// classes is at its limit).
+    fn provider_capacity(&self) -> usize {
+        self.policy
+            .classes
+            .iter()
+            .filter_map(|name| self.runtime.classes.get(name))
+            .map(|c| c.provider.limiter.available() as usize)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Waits until a provider of this group's classes frees a slot (or `stop`, or a poll interval).
+    async fn wait_for_provider(&self, stop: &CancellationToken) {
+        let mut waits: Vec<_> = Vec::new();
+        for name in &self.policy.classes {
+            if let Some(class) = self.runtime.classes.get(name) {
+                let mut freed = Box::pin(class.provider.limiter.slot_freed());
+                freed.as_mut().enable();
+                waits.push(freed);
+            }
+        }
+        if waits.is_empty() || self.provider_capacity() > 0 {
+            return;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = futures_util::future::select_all(waits) => {}
+            _ = tokio::time::sleep(self.runtime.settings.poll_interval) => {}
+        }
     }
 
     /// Claims up to `n` jobs of classes whose provider has a free slot.
     pub async fn claim(&self, n: usize) -> Result<Vec<ClaimedJob>, sqlx::Error> {
         let mut classes = Vec::new();
         let mut caps = Vec::new();
+        let mut priorities = Vec::new();
         // Claim no more than the tightest provider among the claimable classes has free, so a claimed
         // job does not sit waiting for a provider slot while its lease and deadline run.
         let mut capacity = usize::MAX;
@@ -122,13 +161,17 @@ impl WorkerGroup {
             if free > 0 {
                 classes.push(name.clone());
                 caps.push(class.settings.tenant_inflight_cap as i32);
+                priorities.push(class.settings.priority);
                 capacity = capacity.min(free);
             }
         }
         if classes.is_empty() || n == 0 {
             return Ok(Vec::new());
         }
-        store::claim(&self.db, &self.claim_sql, n.min(capacity), self.runtime.settings.lease, &classes, &caps).await
+        priorities.sort_unstable();
+        priorities.dedup();
+        let lease = self.runtime.settings.lease;
+        store::claim(&self.db, &self.claim_sql, n.min(capacity), lease, &classes, &caps, &priorities).await
     }
 
     /// One step: claim one job, send it, finish it. What tests drive instead of the loop.
@@ -190,8 +233,7 @@ impl WorkerGroup {
         match result {
             Ok(delivery) => {
                 permit.success();
-                let fenced =
-                    store::mark_sent(&self.db, &job, &class.provider.name, delivery.provider_ref.as_deref()).await?;
+                let fenced = self.finisher.sent(&job, &class.provider.name, delivery.provider_ref.as_deref()).await?;
                 if fenced == Fenced::Done {
                     metrics::counter!("cifpool_queue_sent_total", "class" => job.class.clone()).increment(1);
                 }
@@ -257,6 +299,24 @@ impl WorkerGroup {
 
     /// Claims for idle workers and sends until `stop`; then waits up to `grace` for in-flight sends.
     pub async fn run(self: Arc<Self>, stop: CancellationToken, grace: Duration) {
+        // Several claim loops, so one claim's round trip and commit overlap another's instead of
+        // leaving the workers idle between them.
+        let mut claimers = tokio::task::JoinSet::new();
+        for _ in 0..CLAIM_LOOPS {
+            claimers.spawn(self.clone().claim_loop(stop.clone()));
+        }
+        while claimers.join_next().await.is_some() {}
+        let all = self.policy.size as u32;
+        if tokio::time::timeout(grace, self.workers.acquire_many(all)).await.is_err() {
+            self.hand_back().await;
+        }
+    }
+}
+
+impl WorkerGroup {
+    /// One claim loop of [`WorkerGroup::run`]: takes free workers, claims that many jobs, hands each
+    /// to a task that sends and finishes it.
+    async fn claim_loop(self: Arc<Self>, stop: CancellationToken) {
         let poll = self.runtime.settings.poll_interval;
         let batch = self.runtime.settings.claim_batch.max(1);
         loop {
@@ -270,6 +330,13 @@ impl WorkerGroup {
                     Ok(p) => permits.push(p),
                     Err(_) => break,
                 }
+            }
+            // Every provider is at its limit: claiming now would return nothing and the loop would
+            // fall back to polling; wait for a slot instead.
+            if self.provider_capacity() == 0 {
+                drop(permits);
+                self.wait_for_provider(&stop).await;
+                continue;
             }
             let jobs = match self.claim(permits.len()).await {
                 Ok(jobs) => jobs,
@@ -302,14 +369,8 @@ impl WorkerGroup {
                 });
             }
         }
-        let all = self.policy.size as u32;
-        if tokio::time::timeout(grace, self.workers.acquire_many(all)).await.is_err() {
-            self.hand_back().await;
-        }
     }
-}
 
-impl WorkerGroup {
     /// Shutdown outlasted the grace period: put the jobs still being sent back in the queue now, so
     /// another instance takes them at once instead of after their lease. (A send that did reach the
     /// provider is then delivered twice, which the idempotency key makes harmless.)
