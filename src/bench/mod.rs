@@ -15,6 +15,7 @@
 //! run on the configured server (the embedded cluster unless `database.url` is set). The `run_*`
 //! functions take connect options instead, so tests can point them at a database of their own.
 
+pub mod cpu;
 pub mod queue;
 pub mod refill;
 pub mod report;

@@ -27,6 +27,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+use super::cpu::{CpuSplit, CpuWatch};
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
 use super::{BenchArgs, ServiceUnderTest};
 use crate::config::{ProviderKind, Settings};
@@ -98,8 +99,10 @@ pub struct DrainResult {
     pub peak_jobs_per_s: f64,
     /// Worker strategy and sizes of the instance that drained.
     pub workers: String,
-    /// Jobs finished in each second from the start (tenths of the run show stalls and warm-up).
+    /// Jobs finished in each second from the start (shows stalls and warm-up).
     pub per_second: Vec<u64>,
+    /// Where the CPU went during the drain (cifpool = the worker instance; the intake instance idles).
+    pub cpu: Option<CpuSplit>,
 }
 
 /// The OTP-during-promo phase.
@@ -326,8 +329,10 @@ async fn drain_phase(
     fill(client, base, db, n, opts.tenants).await?;
     let bar = super::bar(opts.progress, "drain", n, "jobs");
     let start = db_now(db).await?;
+    let cpu_watch = CpuWatch::start();
     let workers = ServiceUnderTest::start(connect, settings.clone()).await?;
     let peak = watch(db, "promo", n, &bar, Duration::from_secs(60).max(Duration::from_millis(n))).await;
+    let cpu = cpu_watch.finish().await;
     workers.stop().await;
     bar.finish();
     let peak = peak?;
@@ -365,6 +370,7 @@ async fn drain_phase(
             q.strategy, q.workers, q.reserved, q.claim_batch
         ),
         per_second,
+        cpu,
     })
 }
 
@@ -540,7 +546,15 @@ pub fn table(report: &BenchReport<QueueResults>) -> String {
          (goal ≤ 1,000 ms); to sent p50 {sent50} ms, p99 {sent99} ms",
         o.otp_rate, o.otp_sent, o.otp_expired
     ));
-    out.push_str(&format!("\ndrain workers: {}; peak {}/s", r.drain.workers, thousands(r.drain.peak_jobs_per_s)));
+    out.push_str(&format!(
+        "\ndrain workers: {}; peak {}/s; CPU during the drain: {}",
+        r.drain.workers,
+        thousands(r.drain.peak_jobs_per_s),
+        r.drain.cpu.map_or("-".into(), |c| format!(
+            "cifpool {:.2} cores, postgres {:.2} cores of {}",
+            c.cifpool_cores, c.postgres_cores, c.cores
+        )),
+    ));
     for note in &report.notes {
         out.push_str(&format!("\nnote: {note}"));
     }

@@ -28,6 +28,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+use super::cpu::{CpuSplit, CpuWatch};
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
 use super::{BenchArgs, RawMode, ServiceUnderTest, bench_pool, find_pgbench, libpq_env, scratch_dir};
 use crate::cif::Pool;
@@ -92,6 +93,8 @@ pub struct ServiceLevel {
     pub per_second: Vec<u64>,
     /// Available codes in the pool when the level started.
     pub available_before: u64,
+    /// Where the CPU went during the level (cifpool here is the service and its HTTP load generator).
+    pub cpu: Option<CpuSplit>,
 }
 
 /// The raw-SQL side of one level.
@@ -115,6 +118,8 @@ pub struct RawLevel {
     pub latency: Option<Latency>,
     /// Available codes in the pool when the level started.
     pub available_before: u64,
+    /// Where the CPU went during the level.
+    pub cpu: Option<CpuSplit>,
 }
 
 /// One concurrency level, both sides.
@@ -210,7 +215,9 @@ pub async fn run(
         for &c in &opts.concurrency {
             let need = (best_rate * 1.5 * secs as f64 * 1.5) as u64 + 1000;
             let available_before = reset(&harness, &pool, need).await?;
+            let watch = CpuWatch::start();
             let mut service = closed_loop(&client, &url, c, secs, opts.progress).await;
+            service.cpu = watch.finish().await;
             service.available_before = available_before;
             best_rate = best_rate.max(service.rate_per_s);
             if !service.errors.is_empty() {
@@ -221,6 +228,7 @@ pub async fn run(
                 Some(method) => {
                     let need = (best_rate * 3.0 * secs as f64 * 1.5) as u64 + 1000;
                     let available_before = reset(&harness, &pool, need).await?;
+                    let watch = CpuWatch::start();
                     let mut raw = match method {
                         RawMethod::Pgbench(bin) => {
                             let dir = script_dir.as_ref().expect("made with the method");
@@ -228,6 +236,7 @@ pub async fn run(
                         }
                         RawMethod::Sqlx => sqlx_level(connect, &pool, c, secs, opts.progress).await?,
                     };
+                    raw.cpu = watch.finish().await;
                     raw.claimed = reserved_count(&harness, &pool).await?;
                     raw.available_before = available_before;
                     if raw.claimed < raw.transactions {
@@ -478,6 +487,7 @@ async fn closed_loop(client: &reqwest::Client, url: &str, c: usize, secs: u64, p
         errors: all.errors,
         per_second: all.per_second,
         available_before: 0,
+        cpu: None,
     }
 }
 
@@ -593,6 +603,7 @@ async fn pgbench_level(
         rate_per_s: parsed.tps,
         latency: Latency::from_micros(latencies),
         available_before: 0,
+        cpu: None,
     })
 }
 
@@ -703,6 +714,7 @@ async fn sqlx_level(
         rate_per_s: (n - failed) as f64 / seconds,
         latency: Latency::from_micros(lat),
         available_before: 0,
+        cpu: None,
     })
 }
 
@@ -725,6 +737,24 @@ pub fn table(report: &BenchReport<ReserveResults>) -> String {
     }
     let mut out =
         format!("reserve: POST /v1/cif vs raw claim ({}), {} s per level\n", raw_name(report), seconds(report));
+    let cpu_rows: Vec<Vec<String>> = report
+        .results
+        .levels
+        .iter()
+        .flat_map(|l| {
+            let service = l.service.cpu.map(|c| ("service", l.concurrency, c));
+            let raw = l.raw.as_ref().and_then(|r| r.cpu).map(|c| ("raw", l.concurrency, c));
+            service.into_iter().chain(raw)
+        })
+        .map(|(side, c, cpu)| {
+            vec![
+                format!("{side} c={c}"),
+                format!("{:.2}", cpu.cifpool_cores),
+                format!("{:.2}", cpu.postgres_cores),
+                format!("{:.2}", cpu.pgbench_cores),
+            ]
+        })
+        .collect();
     out.push_str(&text_table(
         &["clients", "service/s", "p50 ms", "p99 ms", "raw/s", "raw p50", "raw p99", "service/raw"],
         &rows,
@@ -739,6 +769,10 @@ pub fn table(report: &BenchReport<ReserveResults>) -> String {
             l.map_or("-".into(), |l| ms(l.p99_ms)),
             l.map_or("-".into(), |l| ms(l.max_ms)),
         ));
+    }
+    if !cpu_rows.is_empty() {
+        out.push_str("\nwhere the CPU went (cores busy on average; cifpool = service + its HTTP load generator):\n");
+        out.push_str(&text_table(&["phase", "cifpool", "postgres", "pgbench"], &cpu_rows));
     }
     for note in &report.notes {
         out.push_str(&format!("\nnote: {note}"));
