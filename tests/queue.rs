@@ -652,3 +652,30 @@ async fn a_bulk_batch_without_keys_keeps_every_byte_of_its_payloads() {
         assert!(due);
     }
 }
+
+#[tokio::test]
+async fn purge_deletes_only_finished_jobs_past_retention_in_every_class() {
+    let e = env().await;
+    // 25 old sent promo jobs, 5 old dead jobs of a class no longer configured, 4 recent sent jobs,
+    // 3 old pending jobs (never finished: kept whatever their age).
+    sqlx::query(
+        "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts, status, \
+                                        finished_at) \
+         SELECT c, 2, 't', i, 'r', '{}', 5, s, f FROM ( \
+            SELECT 'promo' AS c, 'sent' AS s, now() - interval '8 days' AS f, i FROM generate_series(1, 25) i \
+            UNION ALL SELECT 'retired', 'dead', now() - interval '9 days', i FROM generate_series(1, 5) i \
+            UNION ALL SELECT 'promo', 'sent', now() - interval '1 hour', i FROM generate_series(1, 4) i \
+            UNION ALL SELECT 'promo', 'pending', NULL, i FROM generate_series(1, 3) i) AS rows",
+    )
+    .execute(&e.db.pool)
+    .await
+    .unwrap();
+    let week = Duration::from_secs(7 * 86_400);
+    // Batches of 10, at most 20 a call: the first call stops at its cap.
+    assert_eq!(store::purge_finished(&e.db.pool, week, 10, 20).await.unwrap(), 20);
+    assert_eq!(store::purge_finished(&e.db.pool, week, 10, 20).await.unwrap(), 10);
+    assert_eq!(store::purge_finished(&e.db.pool, week, 10, 20).await.unwrap(), 0);
+    assert_eq!(e.count("SELECT count(*) FROM notification_jobs WHERE class = 'retired'").await, 0);
+    assert_eq!(e.count("SELECT count(*) FROM notification_jobs WHERE status = 'sent'").await, 4);
+    assert_eq!(e.count("SELECT count(*) FROM notification_jobs WHERE status = 'pending'").await, 3);
+}

@@ -291,19 +291,49 @@ pub async fn expire_overdue(db: &PgPool, batch: i64) -> Result<Vec<(String, i64)
     .await
 }
 
-/// Deletes up to `batch` finished jobs older than `retention`; returns how many.
-pub async fn purge_finished(db: &PgPool, retention: Duration, batch: i64) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
-        "WITH old AS ( \
-            SELECT id FROM notification_jobs \
-            WHERE finished_at < now() - $1::float8 * interval '1 second' \
-              AND status IN ('sent', 'dead', 'expired') \
-            LIMIT $2 FOR UPDATE SKIP LOCKED) \
-         DELETE FROM notification_jobs j USING old WHERE j.id = old.id",
+/// Deletes finished jobs older than `retention`, class by class through the `(class, finished_at)`
+/// index, in statements of up to `batch` rows and at most `max_rows` per call (so one call is never one
+/// huge transaction); returns how many. The classes are read from that index (a skip scan: one index
+/// probe per class), so jobs of a class no longer configured are purged too.
+///
+/// A single statement without the class could not range-scan that index, and `batch` per sweep capped
+/// the purge rate below what the queue can send (10,000 per 5 s sweep is 2,000 jobs/s).
+pub async fn purge_finished(db: &PgPool, retention: Duration, batch: i64, max_rows: u64) -> Result<u64, sqlx::Error> {
+    let classes: Vec<String> = sqlx::query_scalar(
+        "WITH RECURSIVE c AS ( \
+            SELECT min(class) AS class FROM notification_jobs WHERE finished_at IS NOT NULL \
+            UNION ALL \
+            SELECT (SELECT min(class) FROM notification_jobs WHERE finished_at IS NOT NULL AND class > c.class) \
+            FROM c WHERE c.class IS NOT NULL) \
+         SELECT class FROM c WHERE class IS NOT NULL",
     )
-    .bind(retention.as_secs_f64())
-    .bind(batch)
-    .execute(db)
+    .fetch_all(db)
     .await?;
-    Ok(done.rows_affected())
+    let mut total = 0;
+    for class in classes {
+        loop {
+            let done = sqlx::query(
+                "WITH old AS ( \
+                    SELECT id FROM notification_jobs \
+                    WHERE class = $3 AND finished_at < now() - $1::float8 * interval '1 second' \
+                      AND status IN ('sent', 'dead', 'expired') \
+                    LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 DELETE FROM notification_jobs j USING old WHERE j.id = old.id",
+            )
+            .bind(retention.as_secs_f64())
+            .bind(batch)
+            .bind(&class)
+            .execute(db)
+            .await?
+            .rows_affected();
+            total += done;
+            if (done as i64) < batch || total >= max_rows {
+                break;
+            }
+        }
+        if total >= max_rows {
+            break;
+        }
+    }
+    Ok(total)
 }
