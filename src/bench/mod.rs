@@ -293,6 +293,19 @@ pub(crate) fn libpq_env(connect: &PgConnectOptions) -> Vec<(&'static str, String
     env
 }
 
+/// Replaces every provider of `settings` with the no-op provider (a benchmark must never send to a real
+/// gateway), its concurrency limit raised to the worker count: a no-op provider has no capacity to
+/// protect, and the figures should measure the queue, not a configured gateway limit.
+pub(crate) fn use_noop_providers(settings: &mut Settings) {
+    let workers = settings.queue.workers as u32;
+    for provider in settings.queue.providers.values_mut() {
+        provider.kind = crate::config::ProviderKind::Noop;
+        provider.url = None;
+        provider.authorization = None;
+        provider.max_concurrency = provider.max_concurrency.max(workers);
+    }
+}
+
 /// The real service running in-process on the bench database (its own connection pool, a throw-away
 /// master key: the scratch database is re-created by every run), stopped with [`ServiceUnderTest::stop`].
 pub(crate) struct ServiceUnderTest {

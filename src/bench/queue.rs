@@ -29,8 +29,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use super::cpu::{CpuSplit, CpuWatch};
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
-use super::{BenchArgs, ServiceUnderTest};
-use crate::config::{ProviderKind, Settings};
+use super::{BenchArgs, ServiceUnderTest, use_noop_providers};
+use crate::config::Settings;
 use crate::queue::policy::Strategy;
 
 /// Parameters of a `queue` run.
@@ -153,15 +153,7 @@ pub async fn run(
 
     let mut base = settings.clone();
     base.pools = Vec::new();
-    // A no-op provider has no capacity of its own: its limit is the worker count, so the drain
-    // measures the queue, not a configured gateway limit.
-    let workers = base.queue.workers as u32;
-    for provider in base.queue.providers.values_mut() {
-        provider.kind = ProviderKind::Noop;
-        provider.url = None;
-        provider.authorization = None;
-        provider.max_concurrency = provider.max_concurrency.max(workers);
-    }
+    use_noop_providers(&mut base);
     // Whole batches in one request, whatever the configured ceiling.
     base.queue.max_batch =
         base.queue.max_batch.max(opts.enqueue_jobs.max(opts.drain_jobs).max(opts.promo_jobs) as usize);

@@ -25,8 +25,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use super::queue::batch_body;
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
-use super::{BenchArgs, ServiceUnderTest, bench_pool};
-use crate::config::{ProviderKind, Settings};
+use super::{BenchArgs, ServiceUnderTest, bench_pool, use_noop_providers};
+use crate::config::Settings;
 
 /// Name of the soak's pool.
 pub const POOL: &str = "soak";
@@ -119,13 +119,7 @@ pub async fn run(
     let harness = PgPoolOptions::new().max_connections(2).connect_with(connect.clone()).await?;
     let machine = Machine::probe(&harness).await?;
     let mut app = settings.clone();
-    let workers = app.queue.workers as u32;
-    for provider in app.queue.providers.values_mut() {
-        provider.kind = ProviderKind::Noop;
-        provider.url = None;
-        provider.authorization = None;
-        provider.max_concurrency = provider.max_concurrency.max(workers);
-    }
+    use_noop_providers(&mut app);
     app.queue.workers_enabled = true;
     let mut pool = bench_pool(POOL, "8", 10_000, 10);
     pool.low_watermark = 50_000;
@@ -308,18 +302,7 @@ async fn feed(
         tick.tick().await;
         n += 1;
         let body = batch_body("promo", BATCH, 100, &format!("s{n}"));
-        let status = client
-            .post(format!("{base}/v1/notifications/batch"))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-            .map_err(|_| ());
-        if status != Ok(202) {
-            let label = status.map_or_else(|()| "batch transport".to_string(), |s| format!("batch {s}"));
-            *errors.lock().expect("errors lock").entry(label).or_default() += 1;
-        }
+        post_counted(&client, &format!("{base}/v1/notifications/batch"), body, "batch", &errors).await;
     }
 }
 
@@ -336,21 +319,27 @@ async fn otps(
     while started.elapsed() < length {
         tick.tick().await;
         i += 1;
-        let status = client
-            .post(format!("{base}/v1/notifications"))
-            .header("content-type", "application/json")
-            .body(format!(
-                r#"{{"class":"otp","tenant":"bank","recipient":"+8491{i:07}","payload":{{"code":"123456"}}}}"#
-            ))
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-            .map_err(|_| ());
-        if status != Ok(202) {
-            let label = status.map_or_else(|()| "otp transport".to_string(), |s| format!("otp {s}"));
-            *errors.lock().expect("errors lock").entry(label).or_default() += 1;
-        }
+        let body =
+            format!(r#"{{"class":"otp","tenant":"bank","recipient":"+8491{i:07}","payload":{{"code":"123456"}}}}"#);
+        post_counted(&client, &format!("{base}/v1/notifications"), body.into_bytes(), "otp", &errors).await;
     }
+}
+
+/// Posts a JSON body; anything but a 202 is counted in `errors` under `what` and the status.
+async fn post_counted(
+    client: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    what: &str,
+    errors: &std::sync::Mutex<BTreeMap<String, u64>>,
+) {
+    let status = client.post(url).header("content-type", "application/json").body(body).send().await;
+    let label = match status.map(|r| r.status().as_u16()) {
+        Ok(202) => return,
+        Ok(other) => format!("{what} {other}"),
+        Err(_) => format!("{what} transport"),
+    };
+    *errors.lock().expect("errors lock").entry(label).or_default() += 1;
 }
 
 /// Sizes of the tables that grow or churn.
