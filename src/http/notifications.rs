@@ -84,8 +84,8 @@ struct BatchJob {
     #[serde(default)]
     tenant: Option<String>,
     recipient: String,
-    #[serde(default)]
-    payload: serde_json::Value,
+    #[serde(default = "enqueue::null_payload")]
+    payload: Box<serde_json::value::RawValue>,
     #[serde(default)]
     idempotency_key: Option<String>,
 }

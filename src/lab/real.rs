@@ -239,7 +239,7 @@ pub async fn run_cell(
             class: "promo".into(),
             tenant: "lab".into(),
             recipient: format!("device-{i}"),
-            payload: serde_json::json!({ "campaign": "lab" }),
+            payload: crate::queue::enqueue::payload_of(&serde_json::json!({ "campaign": "lab" })),
             idempotency_key: None,
         })
         .collect();
@@ -266,7 +266,7 @@ pub async fn run_cell(
                     class: "otp".into(),
                     tenant: "lab".into(),
                     recipient: format!("+8490{i:07}"),
-                    payload: serde_json::json!({ "code": "000000" }),
+                    payload: crate::queue::enqueue::payload_of(&serde_json::json!({ "code": "000000" })),
                     idempotency_key: None,
                 };
                 if let Err(e) = enqueue::enqueue_one(&db, &rt, &job, Duration::ZERO).await {

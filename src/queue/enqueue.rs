@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use sqlx::PgPool;
 
 use crate::config::OverloadMode;
@@ -26,12 +27,23 @@ pub struct NewJob {
     pub tenant: String,
     /// Phone number, device token, ….
     pub recipient: String,
-    /// Message body / template data.
-    #[serde(default)]
-    pub payload: serde_json::Value,
+    /// Message body / template data: any JSON, kept as the text it arrived as (Postgres stores it as
+    /// `jsonb`), so a 500,000-job batch is not parsed into values only to be printed again.
+    #[serde(default = "null_payload")]
+    pub payload: Box<RawValue>,
     /// Same key (per tenant) again returns the existing job.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+}
+
+/// JSON `null`, the payload of a job that gives none.
+pub fn null_payload() -> Box<RawValue> {
+    RawValue::from_string("null".to_string()).expect("null is JSON")
+}
+
+/// A payload from a JSON value (callers that build jobs in code).
+pub fn payload_of(value: &serde_json::Value) -> Box<RawValue> {
+    serde_json::value::to_raw_value(value).expect("a Value always serialises")
 }
 
 /// Why a job was refused at intake (422).
@@ -62,7 +74,7 @@ impl NewJob {
         if let Some(key) = &self.idempotency_key {
             validate::text("idempotency_key", key, MAX_LABEL).map_err(Invalid)?;
         }
-        validate::json("payload", &self.payload).map_err(Invalid)
+        validate::json_text("payload", self.payload.get()).map_err(Invalid)
     }
 }
 
@@ -159,7 +171,7 @@ pub async fn enqueue_one(
     let id: Option<i64> = sqlx::query_scalar(
         "INSERT INTO notification_jobs \
             (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, idempotency_key) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8::float8 * interval '1 second', \
+         VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, now() + $8::float8 * interval '1 second', \
                  clock_timestamp() + $9::float8 * interval '1 second', $10) \
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id",
     )
@@ -168,7 +180,7 @@ pub async fn enqueue_one(
     .bind(&job.tenant)
     .bind(fair_key)
     .bind(&job.recipient)
-    .bind(&job.payload)
+    .bind(job.payload.get())
     .bind(class.max_attempts as i32)
     .bind(delay.as_secs_f64())
     .bind(class.deadline.map(|d| d.as_secs_f64()))
@@ -236,7 +248,7 @@ pub async fn enqueue_batch(
             tenant.push(job.tenant.as_str());
             fair.push(keys[offset + i]);
             recipient.push(job.recipient.as_str());
-            payload.push(&job.payload);
+            payload.push(job.payload.get());
             attempts.push(c.max_attempts as i32);
             deadline.push(c.deadline.map(|d| d.as_secs_f64()));
             key.push(job.idempotency_key.as_deref());
@@ -244,9 +256,9 @@ pub async fn enqueue_batch(
         let counts: Vec<(String, i64)> = sqlx::query_as(
             "WITH ins AS (INSERT INTO notification_jobs \
                 (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, idempotency_key) \
-             SELECT c, p, t, f, r, pl, a, now() + $10::float8 * interval '1 second', \
+             SELECT c, p, t, f, r, pl::jsonb, a, now() + $10::float8 * interval '1 second', \
                     clock_timestamp() + d * interval '1 second', k \
-             FROM unnest($1::text[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::jsonb[], $7::int4[], \
+             FROM unnest($1::text[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::text[], $7::int4[], \
                          $8::float8[], $9::text[]) AS u(c, p, t, f, r, pl, a, d, k) \
              ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING class) \
              SELECT class, count(*) FROM ins GROUP BY class",
@@ -301,11 +313,10 @@ async fn copy_unkeyed(
     let mut text = String::with_capacity(COPY_CHUNK + 4096);
     for (job, key) in jobs.iter().zip(keys) {
         let class = &rt.classes[&job.class].settings;
-        let payload = job.payload.to_string();
         let deadline = class.deadline.map_or_else(|| "\\N".to_string(), at);
         let _ = write!(text, "{}\t{}\t", copy_escape(&job.class), class.priority);
         let _ = write!(text, "{}\t{key}\t{}\t", copy_escape(&job.tenant), copy_escape(&job.recipient));
-        let _ = writeln!(text, "{}\t{}\t{run_after}\t{deadline}", copy_escape(&payload), class.max_attempts);
+        let _ = writeln!(text, "{}\t{}\t{run_after}\t{deadline}", copy_escape(job.payload.get()), class.max_attempts);
         *inserted.entry(job.class.clone()).or_default() += 1;
         if text.len() >= COPY_CHUNK {
             copy.send(text.as_bytes()).await?;
