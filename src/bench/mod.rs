@@ -293,6 +293,16 @@ pub(crate) fn libpq_env(connect: &PgConnectOptions) -> Vec<(&'static str, String
     env
 }
 
+/// Forces a checkpoint before a measured phase, so a WAL-triggered one (every `max_wal_size`, 1 GB by
+/// default) is less likely to land inside it and make runs incomparable. Needs a superuser or
+/// `pg_checkpoint`; without the right it does nothing and says so once in the log.
+pub(crate) async fn checkpoint(db: &sqlx::PgPool) {
+    if let Err(e) = sqlx::query("CHECKPOINT").execute(db).await {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| tracing::warn!(error = %e, "CHECKPOINT before a phase refused; phases may be hit by one"));
+    }
+}
+
 /// Replaces every provider of `settings` with the no-op provider (a benchmark must never send to a real
 /// gateway), its concurrency limit raised to the worker count: a no-op provider has no capacity to
 /// protect, and the figures should measure the queue, not a configured gateway limit.

@@ -5,7 +5,8 @@
 //! - **enqueue**: one `POST /v1/notifications/batch` of N promo jobs (spread over T tenants) to a
 //!   service whose workers are off; the time from sending the body (prebuilt, ~32 bytes a job) to the
 //!   `202`, so parsing, validation, fair keys and the inserts all count.
-//! - **drain**: N jobs are enqueued the same way, the table is `VACUUM ANALYZE`d, then a second service
+//! - **drain**: N jobs are enqueued the same way, the table is `VACUUM ANALYZE`d and a `CHECKPOINT`
+//!   taken (before every phase: so a WAL-triggered one rarely lands inside it), then a second service
 //!   instance with workers on is started; jobs/s = N / (last `finished_at` − the moment before that
 //!   instance was built). Every job must end `sent` with exactly one result row and one attempt, or the
 //!   run says so: the figure is only worth anything with leases, fencing and deadlines intact.
@@ -169,7 +170,7 @@ pub async fn run(
     let client = reqwest::Client::builder().tcp_nodelay(true).timeout(Duration::from_secs(600)).build()?;
     let result = async {
         clear(&harness).await?;
-        let enqueue = enqueue_phase(&client, &intake.base, opts).await?;
+        let enqueue = enqueue_phase(&client, &intake.base, &harness, opts).await?;
         if enqueue.accepted != opts.enqueue_jobs {
             notes.push(format!("enqueue: {} of {} jobs accepted", enqueue.accepted, opts.enqueue_jobs));
         }
@@ -268,9 +269,11 @@ async fn post_batch(client: &reqwest::Client, base: &str, body: Vec<u8>) -> anyh
 async fn enqueue_phase(
     client: &reqwest::Client,
     base: &str,
+    db: &PgPool,
     opts: &QueueBenchOptions,
 ) -> anyhow::Result<EnqueueResult> {
     let body = batch_body("promo", opts.enqueue_jobs, opts.tenants, "e");
+    super::checkpoint(db).await;
     let body_bytes = body.len();
     let bar = super::bar(opts.progress, "enqueue (one batch)", 1, "request");
     let (elapsed, accepted) = post_batch(client, base, body).await?;
@@ -302,6 +305,7 @@ async fn fill(client: &reqwest::Client, base: &str, db: &PgPool, n: u64, tenants
     let (_, accepted) = post_batch(client, base, batch_body("promo", n, tenants, "d")).await?;
     anyhow::ensure!(accepted == n, "only {accepted} of {n} jobs accepted");
     sqlx::query("VACUUM ANALYZE notification_jobs").execute(db).await?;
+    super::checkpoint(db).await;
     Ok(())
 }
 

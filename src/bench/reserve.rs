@@ -337,6 +337,7 @@ async fn reset(db: &PgPool, pool: &Pool, need: u64) -> anyhow::Result<u64> {
         available = self::available(db, pool).await?;
     }
     sqlx::raw_sql("VACUUM (ANALYZE) cif_codes").execute(db).await.context("vacuuming cif_codes")?;
+    super::checkpoint(db).await;
     Ok(available)
 }
 
