@@ -303,6 +303,11 @@ pub(crate) async fn checkpoint(db: &sqlx::PgPool) {
     }
 }
 
+/// The database server's clock now (phases are timed against `finished_at` and friends, which it set).
+pub(crate) async fn db_now(db: &sqlx::PgPool) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+    Ok(sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(db).await?)
+}
+
 /// Replaces every provider of `settings` with the no-op provider (a benchmark must never send to a real
 /// gateway), its concurrency limit raised to the worker count: a no-op provider has no capacity to
 /// protect, and the figures should measure the queue, not a configured gateway limit.

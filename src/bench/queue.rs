@@ -30,7 +30,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use super::cpu::{CpuSplit, CpuWatch};
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
-use super::{BenchArgs, ServiceUnderTest, use_noop_providers};
+use super::{BenchArgs, ServiceUnderTest, db_now, use_noop_providers};
 use crate::config::Settings;
 use crate::queue::policy::Strategy;
 
@@ -307,10 +307,6 @@ async fn fill(client: &reqwest::Client, base: &str, db: &PgPool, n: u64, tenants
     sqlx::query("VACUUM ANALYZE notification_jobs").execute(db).await?;
     super::checkpoint(db).await;
     Ok(())
-}
-
-async fn db_now(db: &PgPool) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
-    Ok(sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(db).await?)
 }
 
 async fn drain_phase(

@@ -25,7 +25,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use super::queue::batch_body;
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
-use super::{BenchArgs, ServiceUnderTest, bench_pool, use_noop_providers};
+use super::{BenchArgs, ServiceUnderTest, bench_pool, db_now, use_noop_providers};
 use crate::config::Settings;
 
 /// Name of the soak's pool.
@@ -243,10 +243,6 @@ pub async fn run(
         "retention_s": settings.queue.retention.as_secs(),
     });
     Ok(BenchReport { target: "soak".into(), parameters, machine, results, notes })
-}
-
-async fn db_now(db: &PgPool) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
-    Ok(sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(db).await?)
 }
 
 async fn available(db: &PgPool) -> anyhow::Result<i64> {

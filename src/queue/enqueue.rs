@@ -303,7 +303,7 @@ async fn copy_unkeyed(
         t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
     };
     let run_after = at(delay);
-    let mut inserted: BTreeMap<String, u64> = BTreeMap::new();
+    let mut inserted: BTreeMap<&str, u64> = BTreeMap::new();
     let mut copy = tx
         .copy_in_raw(
             "COPY notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts, \
@@ -317,7 +317,7 @@ async fn copy_unkeyed(
         let _ = write!(text, "{}\t{}\t", copy_escape(&job.class), class.priority);
         let _ = write!(text, "{}\t{key}\t{}\t", copy_escape(&job.tenant), copy_escape(&job.recipient));
         let _ = writeln!(text, "{}\t{}\t{run_after}\t{deadline}", copy_escape(job.payload.get()), class.max_attempts);
-        *inserted.entry(job.class.clone()).or_default() += 1;
+        *inserted.entry(job.class.as_str()).or_default() += 1;
         if text.len() >= COPY_CHUNK {
             copy.send(text.as_bytes()).await?;
             text.clear();
@@ -327,7 +327,7 @@ async fn copy_unkeyed(
         copy.send(text.as_bytes()).await?;
     }
     copy.finish().await?;
-    Ok(inserted)
+    Ok(inserted.into_iter().map(|(class, n)| (class.to_string(), n)).collect())
 }
 
 /// Escapes a value for COPY's text format (backslash, tab, newline, carriage return).

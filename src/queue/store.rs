@@ -126,16 +126,6 @@ pub async fn claim(
         .collect())
 }
 
-static MARK_SENT: LazyLock<String> = LazyLock::new(|| {
-    JOBS.fenced_update_sql(
-        SENDING,
-        "id = $2",
-        "status = 'sent', provider = $3, provider_ref = $4, finished_at = clock_timestamp(), lease_token = NULL, \
-         lease_expires_at = NULL, last_error = NULL",
-        None,
-    )
-});
-
 static MARK_RETRY: LazyLock<String> = LazyLock::new(|| {
     JOBS.fenced_update_sql(
         SENDING,
@@ -165,18 +155,13 @@ pub async fn mark_sent(
     provider: &str,
     provider_ref: Option<&str>,
 ) -> Result<Fenced, sqlx::Error> {
-    let done = sqlx::query(sqlx::AssertSqlSafe(MARK_SENT.as_str()))
-        .bind(job.token)
-        .bind(job.id)
-        .bind(provider)
-        .bind(provider_ref)
-        .execute(db)
-        .await?;
-    Ok(Fenced::from_rows(done.rows_affected()))
+    // The one-row case of the batched statement: one SQL text holds the fence of a `sent` finish.
+    let done = mark_sent_many(db, &[job.id], &[job.token], &[provider], &[provider_ref]).await?;
+    Ok(if done.is_empty() { Fenced::LeaseLost } else { Fenced::Done })
 }
 
 static MARK_SENT_MANY: LazyLock<String> = LazyLock::new(|| {
-    // The per-row form of MARK_SENT: the same fence (held state and this claim's token) on every row.
+    // The fence of every row: the held state and that row's own claim token.
     JOBS.fenced_update_many_sql(
         SENDING,
         "unnest($1::int8[], $2::uuid[], $3::text[], $4::text[]) AS f(id, token, provider, provider_ref)",
