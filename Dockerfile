@@ -20,30 +20,32 @@ ARG DEBIAN_RELEASE=bookworm
 FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS build
 WORKDIR /src
 
-# 1. Dependency layer, cached until Cargo.toml or Cargo.lock change. Cargo needs every target the manifest
-#    declares to exist, so the stubs cover src/lib.rs, src/main.rs and the [[bench]] benches/feistel.rs.
-#    The stubs reference none of the files the real crate embeds at compile time (assets/ via
-#    include_bytes!, config/default.toml via include_str!, migrations/ via sqlx::migrate!), so they are not
-#    needed here. The stub crate's own artifacts are then deleted, so the real sources below are always
-#    rebuilt, whatever their timestamps.
+# 1. Dependency layer, cached until the manifests or Cargo.lock change. Cargo needs every workspace member
+#    and every target a manifest declares to exist, so stubs stand in for src/lib.rs, src/main.rs and the
+#    tools crate (its sources are never built here: only the service, `-p cifpool`). The stubs reference
+#    none of the files the real crate embeds at compile time (config/default.toml via include_str!,
+#    migrations/ via sqlx::migrate!), so they are not needed here. The service's own stub artifacts are
+#    then deleted, so the real sources below are always rebuilt, whatever their timestamps.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src benches \
+COPY tools/Cargo.toml ./tools/
+RUN mkdir -p src tools/src tools/benches \
  && echo 'fn main() {}' > src/main.rs \
  && : > src/lib.rs \
- && echo 'fn main() {}' > benches/feistel.rs \
- && cargo build --release --locked --bin cifpool \
- && rm -rf src benches \
+ && echo 'fn main() {}' > tools/src/main.rs \
+ && : > tools/src/lib.rs \
+ && echo 'fn main() {}' > tools/benches/feistel.rs \
+ && cargo build --release --locked -p cifpool --bin cifpool \
+ && rm -rf src \
       target/release/cifpool target/release/cifpool.d \
       target/release/deps/cifpool-* target/release/deps/libcifpool-* \
       target/release/.fingerprint/cifpool-*
 
-# 2. The crate itself: only what the build reads, so editing docs, deploy/ or tests/ does not rebuild.
+# 2. The service itself: only what its build reads, so editing docs, deploy/, tests/ or tools/ does not
+#    rebuild (the tools' stubs from step 1 stay, for the workspace manifest).
 COPY src ./src
-COPY benches ./benches
-COPY assets ./assets
 COPY migrations ./migrations
 COPY config/default.toml ./config/default.toml
-RUN cargo build --release --locked --bin cifpool \
+RUN cargo build --release --locked -p cifpool --bin cifpool \
  && install -D -m 0755 target/release/cifpool /out/cifpool
 
 ############################################################################################################

@@ -11,6 +11,12 @@
 //!   perhaps claimed by someone else — and the caller must not act as the owner ([`Fenced::LeaseLost`]).
 //! - **sweep**: held rows whose lease has expired go back to a free state with their token wiped, in
 //!   bounded batches that skip rows a live holder is touching right now.
+//! - **batch transition**: rows nobody holds (waiting, finished, dead) move to another state or are
+//!   deleted, in bounded batches that skip rows another transaction has locked (a claim, a finish), so
+//!   maintenance never waits on the hot path and the hot path never waits on maintenance.
+//!
+//! This module writes every `FOR UPDATE SKIP LOCKED` statement of the service; callers supply
+//! predicates, orders and assignments.
 //!
 //! Indexing held rows: do not give the held state a partial index of its own (`WHERE state =
 //! 'held'`). Every fenced statement tests that state, so such an index is a candidate for it, and when
@@ -56,6 +62,17 @@ pub struct ClaimSpec<'a> {
     pub set: &'a str,
     /// `RETURNING` list (columns of the updated row `t`).
     pub returning: &'a str,
+}
+
+/// Which unheld rows a batch transition picks.
+#[derive(Debug, Clone, Copy)]
+pub struct Pick<'a> {
+    /// SQL literal(s) of the states the rows are in, e.g. `'dead'`.
+    pub from: &'a str,
+    /// Extra predicate (`TRUE` for none), may use `$2…`.
+    pub filter: &'a str,
+    /// `ORDER BY` list deciding which rows a batch takes first; `None` takes any (cheapest).
+    pub order_by: Option<&'a str>,
 }
 
 /// What a fenced write found.
@@ -176,6 +193,56 @@ impl ClaimTable {
     }
 }
 
+impl ClaimTable {
+    fn pick_cte(&self, pick: &Pick<'_>) -> String {
+        let ClaimTable { table, state, .. } = *self;
+        let keys = self.key.join(", ");
+        let order = pick.order_by.map(|o| format!("ORDER BY {o} ")).unwrap_or_default();
+        format!(
+            "picked AS ( \
+                SELECT {keys} FROM {table} \
+                WHERE {state} IN ({from}) AND ({filter}) \
+                {order}LIMIT $1 \
+                FOR UPDATE SKIP LOCKED \
+             )",
+            from = pick.from,
+            filter = pick.filter,
+        )
+    }
+
+    /// Updates up to `$1` picked rows. `set` may use `t.` (the row) and `picked.position`, the row's
+    /// 0-based rank in this batch by key (to spread the rows out, e.g. over time). Binds: `$1` batch
+    /// limit (`int8`), then the caller's from `$2`.
+    pub fn update_picked_sql(&self, pick: &Pick<'_>, set: &str, returning: &str) -> String {
+        let table = self.table;
+        let keys = self.key.join(", ");
+        // Window functions cannot share a SELECT with FOR UPDATE: number the locked rows apart.
+        format!(
+            "WITH {picked}, numbered AS ( \
+                SELECT {keys}, row_number() OVER (ORDER BY {keys}) - 1 AS position FROM picked \
+             ) \
+             UPDATE {table} AS t SET {set} \
+             FROM numbered AS picked \
+             WHERE ({tkeys}) = ({pkeys}) \
+             RETURNING {returning}",
+            picked = self.pick_cte(pick),
+            tkeys = self.key_list("t"),
+            pkeys = self.key_list("picked"),
+        )
+    }
+
+    /// Deletes up to `$1` picked rows. Binds: `$1` batch limit (`int8`), then the caller's from `$2`.
+    pub fn delete_picked_sql(&self, pick: &Pick<'_>) -> String {
+        let table = self.table;
+        format!(
+            "WITH {picked} DELETE FROM {table} AS t USING picked WHERE ({tkeys}) = ({pkeys})",
+            picked = self.pick_cte(pick),
+            tkeys = self.key_list("t"),
+            pkeys = self.key_list("picked"),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +275,18 @@ mod tests {
         assert!(many.contains("WHERE (t.id) = (f.id) AND t.status = 'sending' AND t.token = f.token"), "{many}");
         assert_eq!(Fenced::from_rows(0), Fenced::LeaseLost);
         assert_eq!(Fenced::from_rows(1), Fenced::Done);
+    }
+
+    #[test]
+    fn batch_transitions_skip_locked_rows_and_number_the_batch() {
+        let pick = Pick { from: "'dead'", filter: "tenant = $2", order_by: Some("id") };
+        let update = T.update_picked_sql(&pick, "status = 'pending', n = picked.position", "t.id");
+        for clause in ["WHERE status IN ('dead') AND (tenant = $2)", "ORDER BY id LIMIT $1", "FOR UPDATE SKIP LOCKED"] {
+            assert!(update.contains(clause), "{clause} missing from {update}");
+        }
+        assert!(update.contains("row_number() OVER (ORDER BY id) - 1 AS position"), "{update}");
+        let delete = T.delete_picked_sql(&Pick { order_by: None, ..pick });
+        assert!(delete.contains("LIMIT $1 FOR UPDATE SKIP LOCKED"), "{delete}");
+        assert!(delete.contains("DELETE FROM jobs AS t USING picked WHERE (t.id) = (picked.id)"), "{delete}");
     }
 }

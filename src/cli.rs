@@ -8,7 +8,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{LogFormat, Settings};
-use crate::startup::{Application, Database};
+use crate::db::Database;
+use crate::startup::Application;
 
 /// cifpool: unpredictable, never-duplicated customer numbers and an isolated notification queue.
 #[derive(Debug, Parser)]
@@ -61,149 +62,10 @@ pub enum Command {
         #[command(flatten)]
         behaviour: crate::queue::fake_provider::FakeBehaviour,
     },
-    /// Reproduce the send-flow isolation experiment: on the real queue (default) or simulated at real
-    /// scale (`--simulate`). Writes CSV, Markdown and PNG into `--out`.
-    Lab(Box<LabArgs>),
-    /// Measure the service against the physical limit on this machine (writes DIR/<target>.json).
-    Bench(Box<crate::bench::BenchArgs>),
     /// Dead-letter queue (connects to the database directly; with the embedded database while
     /// `serve` runs, use the /admin/dlq endpoints instead).
     #[command(subcommand)]
     Dlq(DlqCommand),
-}
-
-/// `cifpool lab …`
-#[derive(Debug, Args)]
-pub struct LabArgs {
-    /// Run the discrete-event simulation (virtual time, real scale) instead of the real queue.
-    #[arg(long)]
-    pub simulate: bool,
-    /// Strategies: fifo, priority, bulkhead, floor-borrow or all (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "all")]
-    pub strategy: Vec<String>,
-    /// Scenarios: lab push-hang, sms-slow; simulation healthy, push-slow, sms-slow, push-timeout-30s;
-    /// or all (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "all")]
-    pub scenario: Vec<String>,
-    /// Output directory.
-    #[arg(long, default_value = "lab-out")]
-    pub out: PathBuf,
-    /// Workers in all.
-    #[arg(long, default_value_t = 20)]
-    pub workers: usize,
-    /// Workers reserved for OTP (bulkhead, floor-borrow).
-    #[arg(long, default_value_t = 6)]
-    pub reserved: usize,
-    /// Promo jobs inserted before the run.
-    #[arg(long, default_value_t = 20_000)]
-    pub promo: usize,
-    /// OTPs per second.
-    #[arg(long, default_value_t = 10.0)]
-    pub otp_rate: f64,
-    /// Seconds after the start at which OTPs begin.
-    #[arg(long, default_value_t = 3.0)]
-    pub otp_start: f64,
-    /// Seconds during which OTPs arrive.
-    #[arg(long, default_value_t = 15.0)]
-    pub otp_window: f64,
-    /// Seconds the workers run per cell.
-    #[arg(long, default_value_t = 25.0)]
-    pub duration: f64,
-    /// Push latency under push-hang, ms.
-    #[arg(long, default_value_t = 3000)]
-    pub push_hang_push_ms: u64,
-    /// SMS latency under push-hang, ms.
-    #[arg(long, default_value_t = 300)]
-    pub push_hang_sms_ms: u64,
-    /// Push latency under sms-slow, ms.
-    #[arg(long, default_value_t = 50)]
-    pub sms_slow_push_ms: u64,
-    /// SMS latency under sms-slow, ms.
-    #[arg(long, default_value_t = 1500)]
-    pub sms_slow_sms_ms: u64,
-    #[command(flatten)]
-    pub sim: crate::lab::sim::SimArgs,
-}
-
-impl LabArgs {
-    fn strategies(&self) -> anyhow::Result<Vec<crate::queue::policy::Strategy>> {
-        use crate::queue::policy::Strategy;
-        use clap::ValueEnum;
-        if self.strategy.iter().any(|s| s == "all") {
-            return Ok(Strategy::ALL.to_vec());
-        }
-        self.strategy
-            .iter()
-            .map(|s| Strategy::from_str(s, true).map_err(|_| anyhow::anyhow!("unknown --strategy {s:?}")))
-            .collect()
-    }
-
-    fn options(&self) -> crate::lab::real::LabOptions {
-        use std::time::Duration;
-        crate::lab::real::LabOptions {
-            workers: self.workers,
-            reserved: self.reserved,
-            promo: self.promo,
-            otp_rate: self.otp_rate,
-            otp_start: Duration::from_secs_f64(self.otp_start),
-            otp_window: Duration::from_secs_f64(self.otp_window),
-            duration: Duration::from_secs_f64(self.duration),
-            push_hang_push: Duration::from_millis(self.push_hang_push_ms),
-            push_hang_sms: Duration::from_millis(self.push_hang_sms_ms),
-            sms_slow_push: Duration::from_millis(self.sms_slow_push_ms),
-            sms_slow_sms: Duration::from_millis(self.sms_slow_sms_ms),
-        }
-    }
-}
-
-fn run_lab(settings: &Settings, args: &LabArgs) -> anyhow::Result<()> {
-    use clap::ValueEnum;
-    let strategies = args.strategies()?;
-    let all = args.scenario.iter().any(|s| s == "all");
-    if args.simulate {
-        use crate::lab::sim::{self, SimScenario};
-        let scenarios: Vec<SimScenario> = if all {
-            args.sim.scenarios.clone()
-        } else {
-            args.scenario
-                .iter()
-                .map(|s| {
-                    SimScenario::from_str(s, true).map_err(|_| anyhow::anyhow!("unknown simulation --scenario {s:?}"))
-                })
-                .collect::<anyhow::Result<_>>()?
-        };
-        let strategies =
-            if args.strategy.iter().any(|s| s == "all") { args.sim.strategies.clone() } else { strategies };
-        let results = sim::run_all(&args.sim.options(), &strategies, &scenarios, true);
-        let rows: Vec<_> = results.iter().map(|r| r.row.clone()).collect();
-        let csv = sim::write_csv(&args.out, &rows)?;
-        let png = sim::write_png(&args.out, &results)?;
-        println!("{}", sim::markdown_table(&rows));
-        println!("wrote {} and {}", csv.display(), png.display());
-        return Ok(());
-    }
-    use crate::lab::real::{self, LabScenario};
-    let scenarios: Vec<LabScenario> = if all {
-        LabScenario::ALL.to_vec()
-    } else {
-        args.scenario
-            .iter()
-            .map(|s| LabScenario::from_str(s, true).map_err(|_| anyhow::anyhow!("unknown lab --scenario {s:?}")))
-            .collect::<anyhow::Result<_>>()?
-    };
-    let opts = args.options();
-    runtime()?.block_on(async {
-        let (database, db) = real::open_lab_database(settings).await?;
-        let cells = real::run_all(&db, &opts, &strategies, &scenarios, true).await;
-        db.close().await;
-        database.close().await;
-        let cells = cells?;
-        let (csv, md) = real::write_tables(&args.out, &cells)?;
-        let png = crate::lab::plot::write_lab_png(&args.out, &cells, opts.duration.as_secs_f64())?;
-        println!("{}", std::fs::read_to_string(&md)?);
-        println!("wrote {}, {} and {}", csv.display(), md.display(), png.display());
-        anyhow::Ok(())
-    })
 }
 
 /// `cifpool dlq …`
@@ -327,7 +189,7 @@ impl CodeArgs {
         let pool_name = self.pool.clone().unwrap_or_else(|| "default".into());
         let master = match &self.key_hex {
             Some(hex) => crate::keys::MasterKey::from_hex(hex).context("--key-hex")?,
-            None => crate::startup::resolve_master_key(settings, false)?,
+            None => crate::keys::resolve_master_key(settings, false)?,
         };
         let format = CodeFormat::new(prefix, digits, check)?;
         Ok(PoolCodec::new(format, &master.derive_pool_key(&pool_name, &key_id))?)
@@ -429,21 +291,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 crate::queue::fake_provider::serve(fake, listener, crate::startup::shutdown_signal()).await?;
                 anyhow::Ok(())
             })?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Lab(args) => {
-            // Sends still in flight when a cell ends are abandoned on purpose; their failed finishes
-            // are expected noise here.
-            crate::telemetry::init_logging(settings.log.format, "warn,cifpool::queue::worker=error");
-            run_lab(&settings, &args)?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Bench(args) => {
-            crate::telemetry::init_logging(settings.log.format, "warn");
-            // Metrics are recorded as in `serve` (a recorder costs CPU per event; leaving it out
-            // would flatter the figures).
-            crate::telemetry::metrics_handle();
-            crate::bench::run(&settings, &args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Dlq(command) => {

@@ -2,21 +2,32 @@
 //! pools pre-filled by a keyed Feistel permutation; and, beside it, a notification queue whose worker
 //! groups keep OTPs on time whatever the bulk traffic does.
 //!
-//! Layout:
-//! - [`cif`]: CIF pools — reserve/confirm/release, refill, reclaim, depth gauges.
-//! - [`claim`]: the SKIP LOCKED claim/lease/fenced-finish/sweep contract shared by pools and queue.
-//! - [`code`]: the pure keyed Feistel permutation, check digits and code format; [`keys`]: key derivation.
+//! **Domains**
+//! - [`cif`]: CIF pools — reserve / confirm / release / extend, refill, reclaim, depth gauges.
+//! - [`queue`]: the notification queue — intake, worker groups, providers and their limits, retries,
+//!   dead letters, the sweeper.
+//!
+//! **Shared machinery**
+//! - [`claim`]: every `FOR UPDATE SKIP LOCKED` statement: claim with a lease and a fencing token,
+//!   fenced finishes, lease sweeps, bounded batch transitions.
+//! - [`code`]: the pure keyed Feistel permutation, check digits and the code format.
+//! - [`keys`]: the master key (where it comes from) and the per-pool keys derived from it.
 //! - [`schedule`]: cron schedules of the maintenance jobs.
-//! - [`bench`]: `cifpool bench` — reservations and refill measured against raw SQL on the same cluster.
-//! - [`cli`]: the `cifpool` command line (serve, migrate, config check, …).
+//! - [`validate`]: text and JSON checks shared by the API's inputs.
+//!
+//! **Shell**
 //! - [`config`]: typed settings, layered defaults → file → `CIFPOOL_<SECTION>__<KEY>` env.
-//! - [`startup`]: wiring a [`config::Settings`] into a running [`startup::Application`].
-//! - [`db`]: connection pool, migrations, readiness; [`db::embedded`] runs a private Postgres cluster.
+//! - [`db`]: the database (external or the embedded cluster), connection pool, migrations, readiness.
+//! - [`startup`]: [`startup::Application`], settings turned into a running service.
 //! - [`http`]: the router ([`http::app`]), `serve`, and the problem+json error type.
-//! - [`state`]: the state every handler and job shares.
+//! - [`state`]: the state every handler and background job shares.
 //! - [`telemetry`]: logs and the Prometheus recorder.
+//! - [`cli`]: the `cifpool` command line (serve, migrate, config check, codes, keygen, dlq, …).
+//!
+//! **Tools** live in their own crate, `tools/` (`cifpool-tools`): benchmarks against raw SQL and the
+//! peers, the send-flow lab on the real queue, the real-scale simulator and their charts. They drive
+//! this crate through its public API and [`startup::Application::spawn`].
 
-pub mod bench;
 pub mod cif;
 pub mod claim;
 pub mod cli;
@@ -25,7 +36,6 @@ pub mod config;
 pub mod db;
 pub mod http;
 pub mod keys;
-pub mod lab;
 pub mod queue;
 pub mod schedule;
 pub mod startup;

@@ -7,23 +7,23 @@ use sqlx::PgPool;
 
 use crate::cif::Pools;
 use crate::config::Settings;
+use crate::queue::runtime::QueueRuntime;
 use crate::queue::stats::QueueStats;
-use crate::queue::worker::QueueRuntime;
 
 /// Cheap to clone: everything inside is reference-counted.
 #[derive(Clone)]
 pub struct AppState {
-    /// Connection pool.
+    /// Connections to the service's database (lazy: a down database fails requests, not start-up).
     pub db: PgPool,
-    /// Effective configuration.
+    /// The effective configuration, after defaults, file and environment.
     pub settings: Arc<Settings>,
-    /// Prometheus recorder handle, rendered by `/metrics`.
+    /// Renders the process-wide Prometheus recorder for `/metrics`.
     pub metrics: PrometheusHandle,
-    /// The CIF pools this instance serves.
+    /// The CIF pools this instance serves, reconciled with the database at start.
     pub pools: Arc<Pools>,
-    /// Notification classes, providers and limits.
+    /// Notification classes, providers and their limits.
     pub queue: Arc<QueueRuntime>,
-    /// Latest queue depth snapshot (gauges, intake backpressure).
+    /// Latest queue depth snapshot, read by the gauges and by intake backpressure.
     pub queue_stats: Arc<QueueStats>,
 }
 

@@ -11,7 +11,7 @@ use cifpool::queue::fake_provider::FakeBehaviour;
 use cifpool::queue::policy::{ClaimOrder, GroupPolicy, Strategy};
 use cifpool::queue::stats::ClassStats;
 use cifpool::queue::worker::{Outcome, WorkerGroup};
-use cifpool::queue::{enqueue, store};
+use cifpool::queue::{intake, store};
 use common::{
     FakeServer, TEST_ADMIN_TOKEN, TestApp, TestDb, assert_problem, fake_server, fresh_database, spawn_passive_app,
     test_settings_with_pools, use_fake_providers,
@@ -253,7 +253,7 @@ async fn an_otp_past_its_deadline_expires_and_is_never_sent() {
     let group = e.group(Strategy::Priority, 0);
     assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Expired(ids[0]));
     let expired = store::expire_overdue(&e.db.pool, 100).await.unwrap();
-    assert_eq!(expired, vec![("otp".to_string(), 1)]);
+    assert_eq!(expired, [("otp".to_string(), 1)].into());
     assert_eq!(e.status(ids[1]).await, "expired");
     assert_eq!(e.sms.fake.report().calls, 0, "never sent late");
 }
@@ -406,7 +406,7 @@ async fn defer_mode_accepts_overload_but_schedules_it_later() {
             .await
             .unwrap();
     assert!(later, "deferred by the predicted wait beyond the target");
-    assert_eq!(enqueue::admit(&e.app.state.queue, &e.app.state.queue_stats, "otp"), enqueue::Admission::Accept);
+    assert_eq!(intake::admit(&e.app.state.queue, &e.app.state.queue_stats, "otp"), intake::Admission::Accept);
 }
 
 #[tokio::test]

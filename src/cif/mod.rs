@@ -2,17 +2,20 @@
 //!
 //! - [`pools`]: the runtime pool registry, reconciled with the database at start (format pinning,
 //!   code-space overlap checks).
+//! - [`issue`]: the operations the API calls — reserve and confirm with their metrics and the refill
+//!   trigger.
 //! - [`store`]: reserve / confirm / release / extend / look up, on the shared [`crate::claim`] contract.
 //! - [`refill`]: bounded-batch generation keeping pools above their low watermark.
 //! - [`reclaim`]: returns holds whose lease expired (pods that died before confirming).
 //! - [`stats`]: pool depth for `/v1/pools`, the gauges and the watermark warnings.
-//! - [`jobs`]: the schedules (and on-demand triggers) that run refill, reclaim and the gauges.
+//! - [`upkeep`]: when refill, reclaim and the gauges run (schedules, on-demand triggers).
 
-pub mod jobs;
+pub mod issue;
 pub mod pools;
 pub mod reclaim;
 pub mod refill;
 pub mod stats;
 pub mod store;
+pub mod upkeep;
 
 pub use pools::{Pool, Pools};

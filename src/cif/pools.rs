@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64};
 
 use sqlx::PgPool;
 
@@ -76,11 +76,6 @@ impl Pool {
     /// Customer type / pool name.
     pub fn name(&self) -> &str {
         &self.settings.name
-    }
-
-    /// Whether the last depth check found it under the watermark.
-    pub fn is_low(&self) -> bool {
-        self.low.load(Ordering::Relaxed)
     }
 }
 

@@ -65,6 +65,13 @@ pub async fn pool_stats(db: &PgPool, pools: &Pools) -> Result<Vec<PoolStats>, sq
         .collect())
 }
 
+/// Reads every served pool's depth and publishes it (gauges, watermark warnings) on the way.
+pub async fn refresh(db: &PgPool, pools: &Pools) -> Result<Vec<PoolStats>, sqlx::Error> {
+    let stats = pool_stats(db, pools).await?;
+    publish(&stats, pools);
+    Ok(stats)
+}
+
 /// Sets the gauges and logs a warning when a pool crosses its watermark (either way).
 pub fn publish(stats: &[PoolStats], pools: &Pools) {
     for s in stats {

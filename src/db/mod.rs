@@ -1,6 +1,13 @@
 //! Database access: the connection pool, migrations, and the readiness probe.
+//!
+//! - [`open`]: [`Database`], the service's database (external, or the embedded cluster) and scratch
+//!   databases beside it.
+//! - [`embedded`]: a private Postgres cluster run from the installed binaries.
 
 pub mod embedded;
+pub mod open;
+
+pub use open::Database;
 
 use std::time::Duration;
 
@@ -57,7 +64,7 @@ pub async fn migrate_when_reachable(pool: &PgPool, limit: Duration) -> Result<()
     let mut pause = Duration::from_millis(200);
     loop {
         match migrate(pool).await {
-            Err(sqlx::migrate::MigrateError::Execute(e)) if crate::http::error::is_connectivity_error(&e) => {
+            Err(sqlx::migrate::MigrateError::Execute(e)) if is_connectivity_error(&e) => {
                 if tokio::time::Instant::now() + pause > deadline {
                     return Err(sqlx::migrate::MigrateError::Execute(e));
                 }
@@ -67,6 +74,17 @@ pub async fn migrate_when_reachable(pool: &PgPool, limit: Duration) -> Result<()
             }
             other => return other,
         }
+    }
+}
+
+/// True when the error means "the database is not reachable right now" rather than a bad query.
+pub fn is_connectivity_error(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => true,
+        sqlx::Error::WorkerCrashed => true,
+        // admin_shutdown, crash_shutdown, cannot_connect_now, query_canceled (statement_timeout)
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("57P01" | "57P02" | "57P03" | "57014")),
+        _ => false,
     }
 }
 

@@ -1,22 +1,27 @@
-//! `/admin`: operator-triggered refill and reclaim, behind a bearer token.
+//! `/admin`, behind a bearer token: refill and reclaim pools, list and replay dead letters.
 
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::header;
 use axum::http::request::Parts;
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use secrecy::ExposeSecret;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::cif::{jobs, reclaim, refill::RefillOptions};
+use crate::cif::{reclaim, refill::RefillOptions, upkeep};
 use crate::http::error::ApiError;
+use crate::queue::dlq::{self, DlqFilter, Replay};
 use crate::state::AppState;
 
 /// Routes of this group.
 pub fn router() -> Router<AppState> {
-    Router::new().route("/admin/pools/{customer_type}/refill", post(refill)).route("/admin/reclaim", post(reclaim))
+    Router::new()
+        .route("/admin/pools/{customer_type}/refill", post(refill))
+        .route("/admin/reclaim", post(reclaim))
+        .route("/admin/dlq", get(dlq_list))
+        .route("/admin/dlq/replay", post(dlq_replay))
 }
 
 /// Proof that the request carried `Authorization: Bearer <security.admin_token>`.
@@ -60,10 +65,49 @@ async fn refill(
         .get(&customer_type)
         .ok_or_else(|| ApiError::NotFound(format!("unknown customer_type {customer_type:?}")))?;
     tracing::info!(pool = pool.name(), force = q.force, "admin refill");
-    Ok(Json(jobs::run_refill(&state, pool, RefillOptions { force: q.force }).await?))
+    Ok(Json(upkeep::run_refill(&state.db, pool, RefillOptions { force: q.force }).await?))
 }
 
 async fn reclaim(_: Admin, State(state): State<AppState>) -> Result<Json<impl Serialize>, ApiError> {
     tracing::info!("admin reclaim");
     Ok(Json(reclaim::reclaim(&state.db, &state.pools, None).await?))
+}
+
+#[derive(Debug, Deserialize)]
+struct DlqQuery {
+    #[serde(flatten)]
+    filter: DlqFilter,
+    #[serde(default)]
+    limit: Option<i64>,
+}
+
+#[derive(Serialize)]
+struct DlqPage {
+    jobs: Vec<dlq::DeadJob>,
+}
+
+async fn dlq_list(
+    _: Admin,
+    State(state): State<AppState>,
+    Query(q): Query<DlqQuery>,
+) -> Result<Json<DlqPage>, ApiError> {
+    q.filter.validate().map_err(ApiError::BadRequest)?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    Ok(Json(DlqPage { jobs: dlq::list(&state.db, &q.filter, limit).await? }))
+}
+
+#[derive(Serialize)]
+struct Replayed {
+    replayed: u64,
+}
+
+async fn dlq_replay(
+    _: Admin,
+    State(state): State<AppState>,
+    Json(req): Json<Replay>,
+) -> Result<Json<Replayed>, ApiError> {
+    req.validate().map_err(ApiError::Unprocessable)?;
+    let replayed = dlq::replay(&state.db, &req).await?;
+    tracing::info!(replayed, filter = ?req.filter, rate = req.rate_per_sec, "dead letters replayed");
+    Ok(Json(Replayed { replayed }))
 }

@@ -1,7 +1,6 @@
 //! `/v1/cif` (reserve, confirm, release, extend, look up) and `/v1/pools`.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -13,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::cif::store::{self, Confirmed, Reserved};
-use crate::cif::{Pool, jobs, stats};
+use crate::cif::{Pool, issue, stats};
 use crate::claim::Fenced;
 use crate::http::error::ApiError;
 use crate::state::AppState;
@@ -92,20 +91,10 @@ async fn reserve(
     let idempotency_key = optional_header(&headers, "idempotency-key")?;
     let holder = optional_header(&headers, "x-holder")?;
     let pool = pool_for_type(&state, &body.customer_type)?;
-    let started = Instant::now();
-    let outcome = store::reserve(&state.db, pool, holder, idempotency_key).await?;
-    metrics::histogram!("cifpool_reservation_duration_seconds", "pool" => pool.name().to_string())
-        .record(started.elapsed().as_secs_f64());
-    let (status, reservation) = match outcome {
-        Reserved::Created(r) => {
-            metrics::counter!("cifpool_reservations_total", "pool" => pool.name().to_string()).increment(1);
-            jobs::after_claim(&state, pool);
-            (StatusCode::CREATED, r)
-        }
+    let (status, reservation) = match issue::reserve(&state.db, pool, holder, idempotency_key).await? {
+        Reserved::Created(r) => (StatusCode::CREATED, r),
         Reserved::Replayed(r) => (StatusCode::OK, r),
         Reserved::Empty => {
-            metrics::counter!("cifpool_pool_empty_total", "pool" => pool.name().to_string()).increment(1);
-            jobs::on_empty(&state, pool);
             return Err(ApiError::Unavailable {
                 detail: format!("pool {:?} has no available code right now; a refill has been started", pool.name()),
                 retry_after_secs: Some(1),
@@ -153,12 +142,8 @@ async fn confirm(
         crate::validate::text("customer_ref", r, MAX_LABEL).map_err(ApiError::Unprocessable)?;
     }
     let at =
-        match store::confirm(&state.db, pool, counter, body.reservation_token, body.customer_ref.as_deref()).await? {
-            Confirmed::Now(at) => {
-                metrics::counter!("cifpool_confirmations_total", "pool" => pool.name().to_string()).increment(1);
-                at
-            }
-            Confirmed::Already(at) => at,
+        match issue::confirm(&state.db, pool, counter, body.reservation_token, body.customer_ref.as_deref()).await? {
+            Confirmed::Now(at) | Confirmed::Already(at) => at,
             Confirmed::LeaseLost => return Err(lost(&cif)),
         };
     Ok(Json(StateChange {
@@ -219,7 +204,5 @@ struct PoolsResponse {
 }
 
 async fn pools(State(state): State<AppState>) -> Result<Json<impl Serialize>, ApiError> {
-    let pools = stats::pool_stats(&state.db, &state.pools).await?;
-    stats::publish(&pools, &state.pools);
-    Ok(Json(PoolsResponse { pools }))
+    Ok(Json(PoolsResponse { pools: stats::refresh(&state.db, &state.pools).await? }))
 }

@@ -9,6 +9,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::db::is_connectivity_error;
+
 /// Media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -89,17 +91,6 @@ pub enum ApiError {
     /// A bug or unexpected state: 500, details only in the log.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
-}
-
-/// True when the error means "the database is not reachable right now" rather than a bad query.
-pub fn is_connectivity_error(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => true,
-        sqlx::Error::WorkerCrashed => true,
-        // admin_shutdown, crash_shutdown, cannot_connect_now, query_canceled (statement_timeout)
-        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("57P01" | "57P02" | "57P03" | "57014")),
-        _ => false,
-    }
 }
 
 impl IntoResponse for ApiError {

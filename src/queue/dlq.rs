@@ -1,11 +1,17 @@
 //! Dead letters: list them, and replay them at a bounded rate (a replay that opened every job at once
 //! would be the retry storm that killed the provider in the first place).
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-/// Which dead jobs.
+use crate::claim::Pick;
+use crate::queue::status::JobStatus;
+use crate::queue::store::JOBS;
+
+/// Which dead jobs a listing or a replay covers; every field left out matches all.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct DlqFilter {
     /// Only this class.
@@ -19,22 +25,22 @@ pub struct DlqFilter {
     pub error: Option<String>,
 }
 
-/// A dead job as listed.
+/// A dead job as listed (no recipient or payload: a listing is for deciding what to replay).
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct DeadJob {
-    /// Id.
+    /// Job id.
     pub id: i64,
-    /// Class.
+    /// Message class.
     pub class: String,
-    /// Tenant.
+    /// Tenant the job was enqueued for.
     pub tenant: String,
-    /// Attempts made.
+    /// Attempts made before it died.
     pub attempts: i32,
-    /// Why it died.
+    /// Why it died: the provider's answer, a timeout, or a lost worker.
     pub last_error: Option<String>,
-    /// Enqueued.
+    /// When it was enqueued.
     pub created_at: DateTime<Utc>,
-    /// Died.
+    /// When it was dead-lettered.
     pub finished_at: Option<DateTime<Utc>>,
 }
 
@@ -76,27 +82,33 @@ impl Replay {
     }
 }
 
-const FILTER: &str = "status = 'dead' AND ($1::text IS NULL OR class = $1) AND ($2::text IS NULL OR tenant = $2) \
-                      AND ($3::text IS NULL OR strpos(coalesce(last_error, ''), $3) > 0)";
+/// The filter on dead jobs; `$2` class, `$3` tenant, `$4` error text (each `NULL` for any).
+const FILTER: &str = "($2::text IS NULL OR class = $2) AND ($3::text IS NULL OR tenant = $3) \
+                      AND ($4::text IS NULL OR strpos(coalesce(last_error, ''), $4) > 0)";
+
+static LIST: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT id, class, tenant, attempts, last_error, created_at, finished_at FROM notification_jobs \
+         WHERE status = {dead} AND {FILTER} ORDER BY id LIMIT $1",
+        dead = JobStatus::Dead.sql()
+    )
+});
 
 /// Lists up to `limit` dead jobs, oldest first.
 pub async fn list(db: &PgPool, filter: &DlqFilter, limit: i64) -> Result<Vec<DeadJob>, sqlx::Error> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT id, class, tenant, attempts, last_error, created_at, finished_at FROM notification_jobs \
-         WHERE {FILTER} ORDER BY id LIMIT $4"
-    )))
-    .bind(&filter.class)
-    .bind(&filter.tenant)
-    .bind(&filter.error)
-    .bind(limit)
-    .fetch_all(db)
-    .await
+    sqlx::query_as(sqlx::AssertSqlSafe(LIST.as_str()))
+        .bind(limit)
+        .bind(&filter.class)
+        .bind(&filter.tenant)
+        .bind(&filter.error)
+        .fetch_all(db)
+        .await
 }
 
-/// Replay request.
+/// A replay: which dead jobs, how many, and how fast they become due again.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct Replay {
-    /// Which jobs.
+    /// Which dead jobs.
     #[serde(flatten)]
     pub filter: DlqFilter,
     /// At most this many jobs.
@@ -112,24 +124,29 @@ fn one() -> i32 {
     1
 }
 
-/// Puts matching dead jobs back in the queue, due one every `1 / rate_per_sec` seconds, each allowed
-/// `extra_attempts` more attempts. Returns how many.
+static REPLAY: LazyLock<String> = LazyLock::new(|| {
+    JOBS.update_picked_sql(
+        &Pick { from: &JobStatus::Dead.sql(), filter: FILTER, order_by: Some("id") },
+        &format!(
+            "status = {pending}, finished_at = NULL, max_attempts = t.attempts + $5, \
+             run_after = now() + picked.position / $6::float8 * interval '1 second'",
+            pending = JobStatus::Pending.sql()
+        ),
+        "t.id",
+    )
+});
+
+/// Puts matching dead jobs back in the queue, oldest first, due one every `1 / rate_per_sec`
+/// seconds, each allowed `extra_attempts` more attempts. Returns how many.
 pub async fn replay(db: &PgPool, req: &Replay) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "WITH locked AS ( \
-            SELECT id FROM notification_jobs WHERE {FILTER} ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED), \
-         picked AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM locked) \
-         UPDATE notification_jobs AS t SET status = 'pending', finished_at = NULL, \
-                max_attempts = t.attempts + $5, run_after = now() + picked.n / $6::float8 * interval '1 second' \
-         FROM picked WHERE t.id = picked.id"
-    )))
-    .bind(&req.filter.class)
-    .bind(&req.filter.tenant)
-    .bind(&req.filter.error)
-    .bind(req.max)
-    .bind(req.extra_attempts)
-    .bind(req.rate_per_sec)
-    .execute(db)
-    .await?;
+    let done = sqlx::query(sqlx::AssertSqlSafe(REPLAY.as_str()))
+        .bind(req.max)
+        .bind(&req.filter.class)
+        .bind(&req.filter.tenant)
+        .bind(&req.filter.error)
+        .bind(req.extra_attempts)
+        .bind(req.rate_per_sec)
+        .execute(db)
+        .await?;
     Ok(done.rows_affected())
 }

@@ -1,109 +1,18 @@
-//! Intake: validation, backpressure, weighted-fair keys, and (bulk) inserts.
+//! Inserting validated jobs: weighted-fair keys per tenant, one job, or a batch by `COPY` (no
+//! idempotency keys) or by array binds (with keys, skipping those already used).
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 use std::time::Duration;
 
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use sqlx::PgPool;
 
-use crate::config::OverloadMode;
-use crate::queue::stats::QueueStats;
-use crate::queue::worker::QueueRuntime;
+use crate::queue::intake::NewJob;
+use crate::queue::runtime::QueueRuntime;
+use crate::queue::status::JobStatus;
 
-/// Longest recipient.
-pub const MAX_RECIPIENT: usize = 256;
-/// Longest tenant name / idempotency key.
-pub const MAX_LABEL: usize = 128;
 /// Rows per INSERT … SELECT FROM unnest statement of a batch.
 const CHUNK: usize = 50_000;
-
-/// A message to enqueue.
-#[derive(Debug, Clone, Deserialize)]
-pub struct NewJob {
-    /// Class, e.g. `otp`.
-    pub class: String,
-    /// Tenant (the product or customer the message belongs to).
-    pub tenant: String,
-    /// Phone number, device token, ….
-    pub recipient: String,
-    /// Message body / template data: any JSON, kept as the text it arrived as (Postgres stores it as
-    /// `jsonb`), so a 500,000-job batch is not parsed into values only to be printed again.
-    #[serde(default = "null_payload")]
-    pub payload: Box<RawValue>,
-    /// Same key (per tenant) again returns the existing job.
-    #[serde(default)]
-    pub idempotency_key: Option<String>,
-}
-
-/// JSON `null`, the payload of a job that gives none.
-pub fn null_payload() -> Box<RawValue> {
-    RawValue::from_string("null".to_string()).expect("null is JSON")
-}
-
-/// A payload from a JSON value (callers that build jobs in code).
-pub fn payload_of(value: &serde_json::Value) -> Box<RawValue> {
-    serde_json::value::to_raw_value(value).expect("a Value always serialises")
-}
-
-/// Why a job was refused at intake (422).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Invalid(pub String);
-
-impl NewJob {
-    /// Trims the label-like fields, so `" bank"` and `"bank"` are one tenant.
-    pub fn normalize(&mut self) {
-        for field in [&mut self.tenant, &mut self.recipient] {
-            let trimmed = field.trim();
-            if trimmed.len() != field.len() {
-                *field = trimmed.to_string();
-            }
-        }
-    }
-
-    /// Checks the job against the configured classes.
-    pub fn validate(&self, rt: &QueueRuntime) -> Result<(), Invalid> {
-        if !rt.classes.contains_key(&self.class) {
-            let known: Vec<&str> = rt.classes.keys().map(String::as_str).collect();
-            return Err(Invalid(format!("unknown class {:?}; known classes: {}", self.class, known.join(", "))));
-        }
-        use crate::validate;
-        validate::text("recipient", &self.recipient, MAX_RECIPIENT).map_err(Invalid)?;
-        validate::text("tenant", &self.tenant, MAX_LABEL).map_err(Invalid)?;
-        if let Some(key) = &self.idempotency_key {
-            validate::text("idempotency_key", key, MAX_LABEL).map_err(Invalid)?;
-        }
-        validate::json_text("payload", self.payload.get()).map_err(Invalid)
-    }
-}
-
-/// Intake's decision for a class.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Admission {
-    /// Take it now.
-    Accept,
-    /// Take it, scheduled after this delay (`overload = "defer"`).
-    Defer(Duration),
-    /// Refuse: come back after this long (429).
-    Reject(Duration),
-}
-
-/// Decides whether `class` is accepted, from its predicted wait (pending ahead / recent drain rate)
-/// against its `target_wait`. Classes without a target (OTP) are always accepted.
-pub fn admit(rt: &QueueRuntime, stats: &QueueStats, class: &str) -> Admission {
-    let Some(target) = rt.classes.get(class).and_then(|c| c.settings.target_wait) else {
-        return Admission::Accept;
-    };
-    let Some(predicted) = stats.predicted_wait(class) else { return Admission::Accept };
-    if predicted <= target {
-        return Admission::Accept;
-    }
-    match rt.settings.overload {
-        OverloadMode::Reject => Admission::Reject((predicted - target).max(Duration::from_secs(1))),
-        OverloadMode::Defer => Admission::Defer(predicted - target),
-    }
-}
 
 fn weight(rt: &QueueRuntime, tenant: &str) -> f64 {
     rt.settings.tenant_weights.get(tenant).copied().unwrap_or(1.0)
@@ -120,21 +29,25 @@ async fn reserve_fair_keys(
     count: usize,
     weight: f64,
 ) -> Result<(f64, f64), sqlx::Error> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "WITH vt AS (SELECT coalesce(min(fair_key), 0) AS v FROM notification_jobs \
+                         WHERE priority = $1 AND status IN ({waiting})) \
+             INSERT INTO notification_tenant_clock AS c (priority, tenant, last_key) \
+             SELECT $1, $2, vt.v + $3 FROM vt \
+             ON CONFLICT (priority, tenant) DO UPDATE \
+                SET last_key = greatest(c.last_key, (SELECT v FROM vt)) + $3 \
+             RETURNING last_key",
+            waiting = JobStatus::sql_list(&JobStatus::WAITING)
+        )
+    });
     let step = 1.0 / weight;
-    let end: f64 = sqlx::query_scalar(
-        "WITH vt AS (SELECT coalesce(min(fair_key), 0) AS v FROM notification_jobs \
-                     WHERE priority = $1 AND status IN ('pending', 'failed-retrying')) \
-         INSERT INTO notification_tenant_clock AS c (priority, tenant, last_key) \
-         SELECT $1, $2, vt.v + $3 FROM vt \
-         ON CONFLICT (priority, tenant) DO UPDATE \
-            SET last_key = greatest(c.last_key, (SELECT v FROM vt)) + $3 \
-         RETURNING last_key",
-    )
-    .bind(priority)
-    .bind(tenant)
-    .bind(step * count as f64)
-    .fetch_one(&mut *tx)
-    .await?;
+    let end: f64 = sqlx::query_scalar(sqlx::AssertSqlSafe(SQL.as_str()))
+        .bind(priority)
+        .bind(tenant)
+        .bind(step * count as f64)
+        .fetch_one(&mut *tx)
+        .await?;
     Ok((end - step * count as f64 + step, step))
 }
 

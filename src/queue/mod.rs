@@ -1,23 +1,37 @@
 //! Notification queue: isolated worker groups over one jobs table.
 //!
+//! Intake and storage:
+//! - [`intake`]: what clients may enqueue — validation, backpressure, outcome metrics.
+//! - [`enqueue`]: inserts — weighted-fair keys, one job, bulk batches by `COPY`.
+//! - [`status`]: a job's statuses, spelled once for Rust and SQL.
+//! - [`store`]: the jobs table through the shared [`crate::claim`] contract (claim, fenced finishes,
+//!   heartbeats, rescue, expiry, purge, look-up).
+//!
+//! Running it:
+//! - [`runtime`]: classes, providers and the worker groups one instance runs.
 //! - [`policy`]: which group takes which class in which order (shared with the lab and simulator).
-//! - [`enqueue`]: intake — validation, backpressure, weighted-fair keys, bulk inserts.
-//! - [`store`]: the jobs table through the shared [`crate::claim`] contract.
+//! - [`worker`]: a worker group — claim, send, fenced finish; one drivable step for tests.
 //! - [`finish`]: batched, fenced `sent` finishes (group commit).
-//! - [`worker`]: worker groups (claim → send → fenced finish), one drivable step for tests.
+//! - [`listen`]: the LISTEN relay that wakes idle claimers.
+//! - [`sweep`]: the sweeper — lease rescue, deadline expiry, retention purge.
 //! - [`provider`]: the `Provider` trait, the HTTP provider, adaptive per-provider limits.
 //! - [`fake_provider`]: `cifpool fake-provider`, a provider double with latency, errors and hangs.
+//!
+//! Watching it:
 //! - [`stats`]: per-class depth, oldest age and drain rate (gauges, backpressure).
-//! - [`maintenance`]: lease rescue, deadline expiry, stats refresh, running the groups.
 //! - [`dlq`]: dead-letter listing and paced replay.
 
 pub mod dlq;
 pub mod enqueue;
 pub mod fake_provider;
 pub mod finish;
-pub mod maintenance;
+pub mod intake;
+pub mod listen;
 pub mod policy;
 pub mod provider;
+pub mod runtime;
 pub mod stats;
+pub mod status;
 pub mod store;
+pub mod sweep;
 pub mod worker;

@@ -1,11 +1,12 @@
 //! Scheduling policy: which worker group may take which class of message, and in which order.
 //!
 //! This is the one piece of scheduling logic in cifpool. The real worker groups turn it into their
-//! claim SQL ([`GroupPolicy::sql_classes`], [`GroupPolicy::sql_order_by`]); the lab runs those real
-//! groups; the simulator orders its in-memory queue with [`GroupPolicy::sort_key`] and filters with
-//! [`GroupPolicy::takes`]. A change here changes all three together.
+//! claim SQL ([`ClaimOrder::sql_order_by`], the classes of [`GroupPolicy::classes`]); the lab runs
+//! those real groups; the simulator orders its in-memory queue with [`GroupPolicy::compare`] and
+//! filters with [`GroupPolicy::takes`]. Both orders come from one list of columns
+//! ([`ClaimOrder::columns`]), so a change here changes all three together.
 //!
-//! The four strategies of the brief are presets over the same two knobs (classes, order):
+//! The four strategies are presets over the same two knobs (classes, order):
 //!
 //! | strategy | groups |
 //! |---|---|
@@ -13,6 +14,8 @@
 //! | `priority` (A) | one group, every class, `ORDER BY priority, …` |
 //! | `bulkhead` (B) | a reserved group taking only the urgent classes; the rest never take them |
 //! | `floor-borrow` (C) | a reserved urgent-only floor; the rest take every class by priority |
+
+use std::cmp::Ordering;
 
 use serde::{Deserialize, Serialize};
 
@@ -41,8 +44,66 @@ pub enum Strategy {
     FloorBorrow,
 }
 
+/// A column of the claim order; every column sorts ascending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderColumn {
+    /// Class priority, 0 = most urgent.
+    Priority,
+    /// Weighted-fair position among tenants of the same priority.
+    FairKey,
+    /// Insertion order.
+    Id,
+}
+
+impl OrderColumn {
+    /// The column's name in `notification_jobs`.
+    pub fn sql(self) -> &'static str {
+        match self {
+            OrderColumn::Priority => "priority",
+            OrderColumn::FairKey => "fair_key",
+            OrderColumn::Id => "id",
+        }
+    }
+
+    /// Orders two jobs by this column as Postgres orders the column ascending. For the `float8`
+    /// fair key that means `-0 = 0` and NaN after every number (and equal to itself), which is not
+    /// `f64::total_cmp`.
+    pub fn compare(self, a: &JobKey, b: &JobKey) -> Ordering {
+        match self {
+            OrderColumn::Priority => a.priority.cmp(&b.priority),
+            OrderColumn::Id => a.id.cmp(&b.id),
+            OrderColumn::FairKey => match (a.fair_key.is_nan(), b.fair_key.is_nan()) {
+                (true, true) => Ordering::Equal,
+                (true, false) => Ordering::Greater,
+                (false, true) => Ordering::Less,
+                (false, false) => a.fair_key.partial_cmp(&b.fair_key).expect("neither is NaN"),
+            },
+        }
+    }
+}
+
+impl ClaimOrder {
+    /// The columns this order sorts by, most significant first. Ending in `id` makes it total.
+    pub fn columns(self) -> &'static [OrderColumn] {
+        match self {
+            ClaimOrder::Fifo => &[OrderColumn::Id],
+            ClaimOrder::Priority => &[OrderColumn::Priority, OrderColumn::FairKey, OrderColumn::Id],
+        }
+    }
+
+    /// The order as an SQL `ORDER BY` list (matching the claim index, `priority, fair_key, id`).
+    pub fn sql_order_by(self) -> String {
+        self.columns().iter().map(|c| c.sql()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The same order applied to two jobs in memory.
+    pub fn compare(self, a: &JobKey, b: &JobKey) -> Ordering {
+        self.columns().iter().map(|c| c.compare(a, b)).find(|o| o.is_ne()).unwrap_or(Ordering::Equal)
+    }
+}
+
 impl Strategy {
-    /// All four, in the brief's order.
+    /// All four, from the baseline to the recommended one.
     pub const ALL: [Strategy; 4] = [Strategy::Fifo, Strategy::Priority, Strategy::Bulkhead, Strategy::FloorBorrow];
 
     /// Kebab-case name (`floor-borrow`).
@@ -111,25 +172,9 @@ impl GroupPolicy {
         self.classes.iter().any(|c| c == class)
     }
 
-    /// Sort key: a group claims the eligible job with the smallest key first.
-    pub fn sort_key(&self, job: &JobKey) -> (i16, f64, i64) {
-        match self.order {
-            ClaimOrder::Fifo => (0, 0.0, job.id),
-            ClaimOrder::Priority => (job.priority, job.fair_key, job.id),
-        }
-    }
-
-    /// The same order as SQL, matching the claim index.
-    pub fn sql_order_by(&self) -> &'static str {
-        match self.order {
-            ClaimOrder::Fifo => "id",
-            ClaimOrder::Priority => "priority, fair_key, id",
-        }
-    }
-
-    /// Classes as a bind parameter for `class = ANY($n)`.
-    pub fn sql_classes(&self) -> Vec<String> {
-        self.classes.clone()
+    /// Which of two eligible jobs this group claims first (`Less`: `a`), by its [`ClaimOrder`].
+    pub fn compare(&self, a: &JobKey, b: &JobKey) -> Ordering {
+        self.order.compare(a, b)
     }
 }
 
@@ -157,8 +202,10 @@ mod tests {
         assert!(g[1].takes("otp") && g[1].takes("promo"));
         let promo_old = JobKey { id: 1, priority: 2, fair_key: 0.0 };
         let otp_new = JobKey { id: 500_001, priority: 0, fair_key: 9.0 };
-        assert!(g[1].sort_key(&otp_new) < g[1].sort_key(&promo_old));
+        assert!(g[1].compare(&otp_new, &promo_old).is_lt());
         let fifo = &Strategy::Fifo.groups(20, 6, &urgent, &all)[0];
-        assert!(fifo.sort_key(&promo_old) < fifo.sort_key(&otp_new), "FIFO serves the older promo first");
+        assert!(fifo.compare(&promo_old, &otp_new).is_lt(), "FIFO serves the older promo first");
+        assert_eq!(ClaimOrder::Priority.sql_order_by(), "priority, fair_key, id");
+        assert_eq!(ClaimOrder::Fifo.sql_order_by(), "id");
     }
 }

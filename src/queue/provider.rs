@@ -19,9 +19,9 @@ use crate::config::{ProviderKind, ProviderSettings};
 pub struct Message {
     /// Job id: the provider's idempotency key (the same job sent twice is one delivery).
     pub id: i64,
-    /// Class.
+    /// Message class (a provider may template by it).
     pub class: String,
-    /// Tenant.
+    /// Tenant the message belongs to (a provider may bill or brand by it).
     pub tenant: String,
     /// Phone number, device token, ….
     pub recipient: String,
@@ -267,9 +267,9 @@ impl Drop for Permit {
 pub struct ProviderHandle {
     /// Name from the configuration.
     pub name: String,
-    /// The provider.
+    /// How messages are delivered (HTTP gateway, no-op, a test double).
     pub provider: Arc<dyn Provider>,
-    /// Its concurrency limit.
+    /// Its adaptive concurrency limit, shared by every class that uses the provider.
     pub limiter: Arc<AdaptiveLimiter>,
 }
 

@@ -1,6 +1,7 @@
 //! `notification_jobs` through the [`crate::claim`] contract: claim for a group, fenced finishes,
 //! heartbeats, and the maintenance sweeps.
 
+use std::collections::BTreeMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -8,8 +9,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
-use crate::claim::{ClaimSpec, ClaimTable, Fenced};
+use crate::claim::{ClaimSpec, ClaimTable, Fenced, Pick};
 use crate::queue::policy::GroupPolicy;
+use crate::queue::status::JobStatus;
 
 /// `notification_jobs` as a claimable table.
 pub const JOBS: ClaimTable = ClaimTable {
@@ -20,35 +22,35 @@ pub const JOBS: ClaimTable = ClaimTable {
     lease: "lease_expires_at",
 };
 
-/// Claimable states.
-pub const CLAIMABLE: &str = "'pending', 'failed-retrying'";
-/// Held state.
-pub const SENDING: &str = "'sending'";
+/// SQL literals of the claimable states.
+static WAITING: LazyLock<String> = LazyLock::new(|| JobStatus::sql_list(&JobStatus::WAITING));
+/// SQL literal of the held state.
+static SENDING: LazyLock<String> = LazyLock::new(|| JobStatus::Sending.sql());
 
-/// A claimed job.
+/// A job a worker holds under a lease: what it needs to send it and to finish it, fenced.
 #[derive(Debug, Clone)]
 pub struct ClaimedJob {
-    /// Id (the provider's idempotency key).
+    /// Job id, also the provider's idempotency key (a job sent twice is one delivery).
     pub id: i64,
-    /// Class.
+    /// Message class; decides the provider, retries and deadline.
     pub class: String,
-    /// Tenant.
+    /// Tenant the job was enqueued for (fairness, in-flight caps).
     pub tenant: String,
-    /// Recipient.
+    /// Phone number, device token, … as enqueued.
     pub recipient: String,
-    /// Payload.
+    /// Message data, handed to the provider as it is.
     pub payload: serde_json::Value,
-    /// This attempt's number (1-based).
+    /// This attempt's number (1-based): the claim counted it.
     pub attempt: i32,
-    /// Attempts allowed.
+    /// Attempts allowed before the job is dead-lettered.
     pub max_attempts: i32,
-    /// Send-by time, if any.
+    /// Time after which the job must not be sent, if its class has a deadline.
     pub deadline: Option<DateTime<Utc>>,
-    /// Fencing token of this claim.
+    /// Fencing token of this claim: every finish must present it.
     pub token: Uuid,
-    /// Enqueue time.
+    /// When it was enqueued (queue wait = `picked_at - created_at`).
     pub created_at: DateTime<Utc>,
-    /// First pick time.
+    /// When a worker first claimed it (kept across retries).
     pub picked_at: DateTime<Utc>,
 }
 
@@ -74,16 +76,20 @@ impl From<&ClaimedJob> for crate::queue::provider::Message {
 /// OTP-only group facing a promo backlog either walked every promo entry or, as the planner chose
 /// after an ANALYZE, scanned the whole table for each empty claim (60 ms at 100,000 jobs).
 pub fn claim_sql(policy: &GroupPolicy) -> String {
+    let filter = format!(
+        "priority = ANY($5) AND class = ANY($3) AND run_after <= now() \
+         AND (tenant, class) NOT IN ( \
+             SELECT b.tenant, b.class FROM notification_jobs b \
+             JOIN unnest($3::text[], $4::int4[]) AS cap(class, n) ON cap.class = b.class \
+             WHERE b.lease_expires_at IS NOT NULL AND b.status = {sending} \
+             GROUP BY b.tenant, b.class HAVING count(*) >= max(cap.n))",
+        sending = *SENDING
+    );
     JOBS.claim_sql(&ClaimSpec {
-        free: CLAIMABLE,
-        held: SENDING,
-        filter: "priority = ANY($5) AND class = ANY($3) AND run_after <= now() \
-                 AND (tenant, class) NOT IN ( \
-                     SELECT b.tenant, b.class FROM notification_jobs b \
-                     JOIN unnest($3::text[], $4::int4[]) AS cap(class, n) ON cap.class = b.class \
-                     WHERE b.lease_expires_at IS NOT NULL AND b.status = 'sending' \
-                     GROUP BY b.tenant, b.class HAVING count(*) >= max(cap.n))",
-        order_by: policy.sql_order_by(),
+        free: &WAITING,
+        held: &SENDING,
+        filter: &filter,
+        order_by: &policy.order.sql_order_by(),
         set: "attempts = t.attempts + 1, picked_at = coalesce(t.picked_at, clock_timestamp())",
         returning: "t.id, t.class, t.tenant, t.recipient, t.payload, t.attempts, t.max_attempts, t.deadline, \
                     t.lease_token, t.created_at, t.picked_at",
@@ -128,24 +134,27 @@ pub async fn claim(
 
 static MARK_RETRY: LazyLock<String> = LazyLock::new(|| {
     JOBS.fenced_update_sql(
-        SENDING,
+        &SENDING,
         "id = $2",
-        "status = 'failed-retrying', run_after = now() + $3::float8 * interval '1 second', last_error = $4, \
-         lease_token = NULL, lease_expires_at = NULL",
+        &format!(
+            "status = {retrying}, run_after = now() + $3::float8 * interval '1 second', last_error = $4, \
+             lease_token = NULL, lease_expires_at = NULL",
+            retrying = JobStatus::Retrying.sql()
+        ),
         None,
     )
 });
 
 static MARK_FINAL: LazyLock<String> = LazyLock::new(|| {
     JOBS.fenced_update_sql(
-        SENDING,
+        &SENDING,
         "id = $2",
         "status = $3, last_error = $4, finished_at = clock_timestamp(), lease_token = NULL, lease_expires_at = NULL",
         None,
     )
 });
 
-static HEARTBEAT: LazyLock<String> = LazyLock::new(|| JOBS.extend_sql(SENDING, "id = $3"));
+static HEARTBEAT: LazyLock<String> = LazyLock::new(|| JOBS.extend_sql(&SENDING, "id = $3"));
 
 /// The provider accepted it: `sent` with its result (provider, reference), fenced by the token, so a
 /// job's result is written once, by the worker that still held it.
@@ -163,10 +172,13 @@ pub async fn mark_sent(
 static MARK_SENT_MANY: LazyLock<String> = LazyLock::new(|| {
     // The fence of every row: the held state and that row's own claim token.
     JOBS.fenced_update_many_sql(
-        SENDING,
+        &SENDING,
         "unnest($1::int8[], $2::uuid[], $3::text[], $4::text[]) AS f(id, token, provider, provider_ref)",
-        "status = 'sent', provider = f.provider, provider_ref = f.provider_ref, finished_at = clock_timestamp(), \
-         lease_token = NULL, lease_expires_at = NULL, last_error = NULL",
+        &format!(
+            "status = {sent}, provider = f.provider, provider_ref = f.provider_ref, \
+             finished_at = clock_timestamp(), lease_token = NULL, lease_expires_at = NULL, last_error = NULL",
+            sent = JobStatus::Sent.sql()
+        ),
         "t.id",
     )
 });
@@ -201,27 +213,10 @@ pub async fn mark_retry(db: &PgPool, job: &ClaimedJob, delay: Duration, error: &
     Ok(Fenced::from_rows(done.rows_affected()))
 }
 
-/// Final states other than sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinalState {
-    /// Dead-letter queue.
-    Dead,
-    /// Missed its deadline.
-    Expired,
-}
-
-impl FinalState {
-    /// Status value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinalState::Dead => "dead",
-            FinalState::Expired => "expired",
-        }
-    }
-}
-
-/// `dead` or `expired`, fenced.
-pub async fn mark_final(db: &PgPool, job: &ClaimedJob, state: FinalState, error: &str) -> Result<Fenced, sqlx::Error> {
+/// Finishes the job as `dead` or `expired` with `error`, fenced; a `sent` finish goes through
+/// [`mark_sent`], which also records the provider's reference.
+pub async fn mark_final(db: &PgPool, job: &ClaimedJob, state: JobStatus, error: &str) -> Result<Fenced, sqlx::Error> {
+    debug_assert!(matches!(state, JobStatus::Dead | JobStatus::Expired), "{state} is not a failed final state");
     let done = sqlx::query(sqlx::AssertSqlSafe(MARK_FINAL.as_str()))
         .bind(job.token)
         .bind(job.id)
@@ -245,8 +240,12 @@ pub async fn heartbeat(db: &PgPool, job: &ClaimedJob, lease: Duration) -> Result
 static RESCUE: LazyLock<String> = LazyLock::new(|| {
     // A job whose every attempt killed or hung its worker must not loop forever: dead-letter it.
     JOBS.sweep_sql(
-        SENDING,
-        "CASE WHEN t.attempts >= t.max_attempts THEN 'dead' ELSE 'failed-retrying' END",
+        &SENDING,
+        &format!(
+            "CASE WHEN t.attempts >= t.max_attempts THEN {dead} ELSE {retrying} END",
+            dead = JobStatus::Dead.sql(),
+            retrying = JobStatus::Retrying.sql()
+        ),
         "TRUE",
         "run_after = now(), last_error = 'lease expired: worker lost during send', \
          finished_at = CASE WHEN t.attempts >= t.max_attempts THEN clock_timestamp() END",
@@ -266,15 +265,37 @@ pub async fn rescue_expired_leases(db: &PgPool, batch: i64) -> Result<u64, sqlx:
     }
 }
 
-/// Waiting jobs past their deadline become `expired` (never sent late); returns how many per class.
-pub async fn expire_overdue(db: &PgPool, batch: i64) -> Result<Vec<(String, i64)>, sqlx::Error> {
-    sqlx::query_as(
-        "WITH overdue AS (             SELECT id FROM notification_jobs             WHERE deadline IS NOT NULL AND deadline < now() AND status IN ('pending', 'failed-retrying')             ORDER BY deadline LIMIT $1 FOR UPDATE SKIP LOCKED)          , done AS (             UPDATE notification_jobs AS t SET status = 'expired', finished_at = clock_timestamp(),                    last_error = coalesce(t.last_error, 'deadline passed before it could be sent')             FROM overdue WHERE t.id = overdue.id RETURNING t.class)          SELECT class, count(*) FROM done GROUP BY class",
+static EXPIRE_OVERDUE: LazyLock<String> = LazyLock::new(|| {
+    JOBS.update_picked_sql(
+        &Pick { from: &WAITING, filter: "deadline IS NOT NULL AND deadline < now()", order_by: Some("deadline") },
+        &format!(
+            "status = {expired}, finished_at = clock_timestamp(), \
+             last_error = coalesce(t.last_error, 'deadline passed before it could be sent')",
+            expired = JobStatus::Expired.sql()
+        ),
+        "t.class",
     )
-    .bind(batch)
-    .fetch_all(db)
-    .await
+});
+
+/// Waiting jobs past their deadline become `expired` (never sent late), up to `batch` of them;
+/// returns how many per class.
+pub async fn expire_overdue(db: &PgPool, batch: i64) -> Result<BTreeMap<String, u64>, sqlx::Error> {
+    let classes: Vec<String> =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(EXPIRE_OVERDUE.as_str())).bind(batch).fetch_all(db).await?;
+    let mut per_class = BTreeMap::new();
+    for class in classes {
+        *per_class.entry(class).or_default() += 1;
+    }
+    Ok(per_class)
 }
+
+static PURGE: LazyLock<String> = LazyLock::new(|| {
+    JOBS.delete_picked_sql(&Pick {
+        from: &JobStatus::sql_list(&JobStatus::FINISHED),
+        filter: "class = $3 AND finished_at < now() - $2::float8 * interval '1 second'",
+        order_by: None,
+    })
+});
 
 /// Deletes finished jobs older than `retention`, class by class through the `(class, finished_at)`
 /// index, in statements of up to `batch` rows and at most `max_rows` per call (so one call is never one
@@ -297,20 +318,13 @@ pub async fn purge_finished(db: &PgPool, retention: Duration, batch: i64, max_ro
     let mut total = 0;
     for class in classes {
         loop {
-            let done = sqlx::query(
-                "WITH old AS ( \
-                    SELECT id FROM notification_jobs \
-                    WHERE class = $3 AND finished_at < now() - $1::float8 * interval '1 second' \
-                      AND status IN ('sent', 'dead', 'expired') \
-                    LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                 DELETE FROM notification_jobs j USING old WHERE j.id = old.id",
-            )
-            .bind(retention.as_secs_f64())
-            .bind(batch)
-            .bind(&class)
-            .execute(db)
-            .await?
-            .rows_affected();
+            let done = sqlx::query(sqlx::AssertSqlSafe(PURGE.as_str()))
+                .bind(batch)
+                .bind(retention.as_secs_f64())
+                .bind(&class)
+                .execute(db)
+                .await?
+                .rows_affected();
             total += done;
             if (done as i64) < batch || total >= max_rows {
                 break;
@@ -321,4 +335,45 @@ pub async fn purge_finished(db: &PgPool, retention: Duration, batch: i64, max_ro
         }
     }
     Ok(total)
+}
+
+/// A job as `GET /v1/notifications/{id}` shows it (no recipient, no payload: those stay with the
+/// provider call).
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct JobView {
+    /// Job id, also the provider's idempotency key.
+    pub id: i64,
+    /// Message class, e.g. `otp`.
+    pub class: String,
+    /// Tenant the job was enqueued for.
+    pub tenant: String,
+    /// Current status (see [`JobStatus`]).
+    pub status: String,
+    /// Attempts made so far (a claim counts as one).
+    pub attempts: i32,
+    /// Attempts allowed before the job is dead-lettered.
+    pub max_attempts: i32,
+    /// Earliest time of the next attempt.
+    pub run_after: DateTime<Utc>,
+    /// Time after which the job expires unsent, if its class has a deadline.
+    pub deadline: Option<DateTime<Utc>>,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When a worker first claimed it.
+    pub picked_at: Option<DateTime<Utc>>,
+    /// When it reached a final status.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The last failure, if any (provider answer, timeout, expiry reason).
+    pub last_error: Option<String>,
+}
+
+/// Looks a job up by id.
+pub async fn get_job(db: &PgPool, id: i64) -> Result<Option<JobView>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, class, tenant, status, attempts, max_attempts, run_after, deadline, created_at, picked_at, \
+                finished_at, last_error FROM notification_jobs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await
 }

@@ -7,64 +7,16 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use sqlx::PgPool;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::claim::Fenced;
-use crate::config::{ClassSettings, QueueSettings};
 use crate::queue::finish::Finisher;
 use crate::queue::policy::GroupPolicy;
-use crate::queue::provider::{Message, ProviderHandle, SendError, build_providers};
-use crate::queue::store::{self, ClaimedJob, FinalState};
-
-/// A class with its provider.
-pub struct ClassRuntime {
-    /// Settings.
-    pub settings: ClassSettings,
-    /// Provider and limit.
-    pub provider: Arc<ProviderHandle>,
-}
-
-/// Classes, providers and settings shared by every group of an instance.
-pub struct QueueRuntime {
-    /// Settings.
-    pub settings: QueueSettings,
-    /// Classes by name.
-    pub classes: BTreeMap<String, ClassRuntime>,
-    /// Providers by name.
-    pub providers: BTreeMap<String, Arc<ProviderHandle>>,
-    /// Wakes idle claimers (LISTEN/NOTIFY relay).
-    pub wake: Notify,
-}
-
-impl QueueRuntime {
-    /// Builds providers and classes from settings.
-    pub fn new(settings: QueueSettings) -> Arc<QueueRuntime> {
-        let providers = build_providers(&settings.providers);
-        Self::with_providers(settings, providers)
-    }
-
-    /// Like [`QueueRuntime::new`] with given providers (tests, the lab).
-    pub fn with_providers(
-        settings: QueueSettings,
-        providers: BTreeMap<String, Arc<ProviderHandle>>,
-    ) -> Arc<QueueRuntime> {
-        let classes = settings
-            .classes
-            .iter()
-            .map(|c| {
-                let provider = providers.get(&c.provider).expect("validated: class provider exists").clone();
-                (c.name.clone(), ClassRuntime { settings: c.clone(), provider })
-            })
-            .collect();
-        Arc::new(QueueRuntime { settings, classes, providers, wake: Notify::new() })
-    }
-
-    /// The groups to run (see [`QueueSettings::group_policies`]).
-    pub fn group_policies(&self) -> Vec<GroupPolicy> {
-        self.settings.group_policies()
-    }
-}
+use crate::queue::provider::{Message, SendError};
+use crate::queue::runtime::QueueRuntime;
+use crate::queue::status::JobStatus;
+use crate::queue::store::{self, ClaimedJob};
 
 /// Claim loops per group (see [`WorkerGroup::run`]).
 const CLAIM_LOOPS: usize = 2;
@@ -93,9 +45,10 @@ pub fn backoff(base: Duration, cap: Duration, attempt: i32) -> Duration {
     Duration::from_secs_f64(rand::rng().random_range(0.0..=ceiling))
 }
 
-/// One worker group.
+/// One worker group: up to `policy.size` sends at once, of the classes its policy takes, claimed in
+/// its policy's order.
 pub struct WorkerGroup {
-    /// Its policy.
+    /// Which classes it takes, in which order, with how many workers.
     pub policy: GroupPolicy,
     claim_sql: String,
     db: PgPool,
@@ -204,7 +157,7 @@ impl WorkerGroup {
         if job.deadline.is_some_and(|d| d <= chrono::Utc::now()) {
             drop(permit);
             let fenced =
-                store::mark_final(&self.db, &job, FinalState::Expired, "deadline passed before sending").await?;
+                store::mark_final(&self.db, &job, JobStatus::Expired, "deadline passed before sending").await?;
             return Ok(self.counted(fenced, &job, "cifpool_queue_expired_total", Outcome::Expired(job.id)));
         }
         let in_flight = metrics::gauge!("cifpool_queue_in_flight", &labels);
@@ -255,7 +208,7 @@ impl WorkerGroup {
                 }
                 let delay = backoff(class.settings.backoff_base, class.settings.backoff_cap, job.attempt);
                 if job.deadline.is_some_and(|d| chrono::Utc::now() + delay >= d) {
-                    let fenced = store::mark_final(&self.db, &job, FinalState::Expired, &error).await?;
+                    let fenced = store::mark_final(&self.db, &job, JobStatus::Expired, &error).await?;
                     return Ok(self.counted(fenced, &job, "cifpool_queue_expired_total", Outcome::Expired(job.id)));
                 }
                 let fenced = store::mark_retry(&self.db, &job, delay, &error).await?;
@@ -265,7 +218,7 @@ impl WorkerGroup {
     }
 
     async fn dead(&self, job: &ClaimedJob, error: &str) -> Result<Outcome, sqlx::Error> {
-        let fenced = store::mark_final(&self.db, job, FinalState::Dead, error).await?;
+        let fenced = store::mark_final(&self.db, job, JobStatus::Dead, error).await?;
         if fenced == Fenced::Done {
             tracing::warn!(job = job.id, class = %job.class, error, "job dead-lettered");
         }
@@ -395,31 +348,6 @@ fn fenced_or(fenced: Fenced, id: i64, done: Outcome) -> Outcome {
         Fenced::LeaseLost => {
             metrics::counter!("cifpool_queue_lease_lost_total").increment(1);
             Outcome::LeaseLost(id)
-        }
-    }
-}
-
-/// Relays `NOTIFY cifpool_jobs` to idle claimers until `stop` (polling covers any gap).
-pub async fn listen(db: PgPool, runtime: Arc<QueueRuntime>, stop: CancellationToken) {
-    loop {
-        let mut listener = match sqlx::postgres::PgListener::connect_with(&db).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::debug!(error = %e, "LISTEN unavailable; claimers poll");
-                tokio::select! { _ = stop.cancelled() => return, _ = tokio::time::sleep(Duration::from_secs(2)) => continue }
-            }
-        };
-        if listener.listen("cifpool_jobs").await.is_err() {
-            tokio::select! { _ = stop.cancelled() => return, _ = tokio::time::sleep(Duration::from_secs(2)) => continue }
-        }
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                n = listener.recv() => match n {
-                    Ok(_) => runtime.wake.notify_waiters(),
-                    Err(_) => break,
-                },
-            }
         }
     }
 }

@@ -1,97 +1,15 @@
-//! Test harness shared by every integration test binary.
-//!
-//! One private Postgres cluster per test process (started on first use, fsync off, removed when the
-//! process exits), a `template` database migrated once, and for each test a fresh database copied from
-//! that template (~25 ms) — so tests never see each other's rows and need no external server.
+//! Test harness shared by every integration test binary of the service: the database harness of
+//! [`cluster`] plus running apps, problem assertions, fake providers and `cifpool serve` processes.
 #![allow(dead_code)]
 
-use std::sync::OnceLock;
+mod cluster;
+
+pub use cluster::*;
 
 use cifpool::config::Settings;
-use cifpool::db::embedded::{EmbeddedOptions, EmbeddedPostgres, create_server_owned_dir};
-use cifpool::startup::{Application, Database};
+use cifpool::db::Database;
+use cifpool::startup::{Application, RunningApp};
 use cifpool::state::AppState;
-use sqlx::{Connection, PgConnection, PgPool};
-
-const TEMPLATE: &str = "cifpool_template";
-
-/// The process-wide cluster.
-pub struct TestCluster {
-    pg: EmbeddedPostgres,
-}
-
-/// Starts (once) and returns the cluster of this test process.
-pub fn cluster() -> &'static TestCluster {
-    static CLUSTER: OnceLock<TestCluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| {
-        // Async set-up runs on a throw-away runtime in its own thread: this may be called from inside
-        // a test's runtime, where blocking on another runtime is not allowed.
-        std::thread::spawn(start_cluster).join().expect("test cluster set-up panicked")
-    })
-}
-
-fn start_cluster() -> TestCluster {
-    let base = std::env::temp_dir().join(format!("cifpool-test-{}-{}", std::process::id(), uuid::Uuid::new_v4()));
-    create_server_owned_dir(&base).expect("creating the test cluster directory");
-    let opts = EmbeddedOptions {
-        data_dir: base.join("pg"),
-        durable: false,
-        max_connections: 400,
-        remove_on_exit: Some(base.clone()),
-        settings: vec![("shared_buffers".into(), "64MB".into())],
-    };
-    let pg = EmbeddedPostgres::start(&opts).expect("starting the test Postgres cluster");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async {
-        let mut admin = PgConnection::connect_with(&pg.connect_options("postgres")).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {TEMPLATE}"))).execute(&mut admin).await.unwrap();
-        let pool = PgPool::connect_with(pg.connect_options(TEMPLATE)).await.unwrap();
-        cifpool::db::migrate(&pool).await.expect("migrating the template database");
-        pool.close().await;
-        admin.close().await.unwrap();
-    });
-    TestCluster { pg }
-}
-
-/// A fresh, migrated database of its own for one test.
-pub struct TestDb {
-    /// Database name.
-    pub name: String,
-    /// `postgres://` URL (unix socket) for apps and child processes.
-    pub url: String,
-    /// A small pool on it for assertions.
-    pub pool: PgPool,
-}
-
-/// Creates a new database from the migrated template.
-pub async fn fresh_database() -> TestDb {
-    let cluster = cluster();
-    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect_with(&cluster.pg.connect_options("postgres")).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name} TEMPLATE {TEMPLATE}")))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    admin.close().await.unwrap();
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect_with(cluster.pg.connect_options(&name))
-        .await
-        .unwrap();
-    TestDb { url: cluster.pg.url(&name), name, pool }
-}
-
-/// Settings for tests: the compiled-in defaults (no process environment), port 0, the given database.
-pub fn test_settings(db_url: &str) -> Settings {
-    let mut settings = Settings::load_with_env(None, Vec::new()).expect("default settings are valid");
-    settings.server.listen = "127.0.0.1:0".parse().unwrap();
-    settings.database.url = Some(db_url.to_string().into());
-    settings.database.max_connections = 8;
-    settings.database.min_connections = 0;
-    // Generous: a loaded 2-core CI box must not turn queueing for a connection into 503s.
-    settings.database.acquire_timeout = std::time::Duration::from_secs(10);
-    settings
-}
 
 /// A running app on port 0, stopped when dropped (with the test's runtime).
 pub struct TestApp {
@@ -101,49 +19,43 @@ pub struct TestApp {
     pub client: reqwest::Client,
     /// Shared state of the running app (to drive jobs directly).
     pub state: AppState,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    running: RunningApp,
 }
 
 impl TestApp {
     /// `base` + `path`.
     pub fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
+        self.running.url(path)
     }
 
     /// Graceful stop, waiting for the app to finish.
-    pub async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.task.take() {
-            task.await.unwrap().unwrap();
+    pub async fn stop(self) {
+        self.running.stop().await.unwrap();
+    }
+}
+
+impl From<RunningApp> for TestApp {
+    fn from(running: RunningApp) -> TestApp {
+        TestApp {
+            base: running.base_url.clone(),
+            client: reqwest::Client::new(),
+            state: running.state.clone(),
+            running,
         }
     }
 }
 
-impl Drop for TestApp {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-    }
-}
-
-/// Builds and runs the app on `db` with `settings`.
-pub async fn spawn_app_with(settings: Settings) -> TestApp {
+/// Builds the app on the database of `settings` (tests always name one) with the test master key.
+async fn build_app(settings: Settings) -> Application {
     cifpool::telemetry::init_logging(cifpool::config::LogFormat::Text, "warn");
     let url = settings.database.url.clone().expect("tests use an explicit database url");
-    let options = cifpool::db::options_from_url(&url).unwrap();
-    let database = Database { pool: cifpool::db::pool(&settings.database, options), embedded: None };
-    let app = Application::build_with(settings, database, &test_master_key()).await.expect("building the app");
-    let base = format!("http://{}", app.local_addr());
-    let state = app.state().clone();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(app.run_until(async move {
-        let _ = rx.await;
-    }));
-    TestApp { base, client: reqwest::Client::new(), state, stop: Some(tx), task: Some(task) }
+    let database = Database::external(&settings.database, cifpool::db::options_from_url(&url).unwrap());
+    Application::build_with(settings, database, &test_master_key()).await.expect("building the app")
+}
+
+/// Builds and runs the app with `settings`, background work included.
+pub async fn spawn_app_with(settings: Settings) -> TestApp {
+    build_app(settings).await.spawn().into()
 }
 
 /// The fixed master key of the test suite.
@@ -184,24 +96,7 @@ pub const TEST_ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
 /// HTTP only, no schedules or start-up refill: the test drives refill and reclaim itself.
 pub async fn spawn_passive_app(settings: Settings) -> TestApp {
-    cifpool::telemetry::init_logging(cifpool::config::LogFormat::Text, "warn");
-    let url = settings.database.url.clone().expect("tests use an explicit database url");
-    let pool = cifpool::db::pool(&settings.database, cifpool::db::options_from_url(&url).unwrap());
-    cifpool::db::migrate(&pool).await.unwrap();
-    let pools = cifpool::cif::Pools::reconcile(&pool, &settings.pools, &test_master_key()).await.expect("reconcile");
-    let state = AppState::new(pool, settings, pools);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let router = cifpool::http::app(state.clone());
-    let task = tokio::spawn(async move {
-        cifpool::http::serve(listener, router, async move {
-            let _ = rx.await;
-        })
-        .await?;
-        Ok(())
-    });
-    TestApp { base, client: reqwest::Client::new(), state, stop: Some(tx), task: Some(task) }
+    build_app(settings).await.without_background().spawn().into()
 }
 
 /// A fresh database and an app on it.

@@ -128,8 +128,7 @@ impl Latency {
         }
         us.sort_unstable();
         let n = us.len();
-        // Nearest-rank percentile.
-        let pct = |p: f64| us[((p / 100.0 * n as f64).ceil() as usize).clamp(1, n) - 1] as f64 / 1000.0;
+        let pct = |p: f64| crate::stats::percentile(&us, p / 100.0).expect("not empty") as f64 / 1000.0;
         Some(Latency {
             samples: n,
             mean_ms: us.iter().sum::<u64>() as f64 / n as f64 / 1000.0,

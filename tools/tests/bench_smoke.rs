@@ -1,9 +1,10 @@
 //! `cifpool bench reserve|refill` with tiny parameters on a test database: each writes its JSON with
 //! positive figures. (The figures themselves mean nothing here: debug-ish build, fsync off.)
 
+#[path = "../../tests/common/cluster.rs"]
 mod common;
 
-use cifpool::bench::{BenchArgs, RawMode, Target, run_on};
+use cifpool_tools::bench::{BenchArgs, RawMode, Target, run_on};
 use sqlx::postgres::PgConnectOptions;
 
 fn positive(v: &serde_json::Value, what: &str) -> f64 {
@@ -131,6 +132,6 @@ fn full_run_on_the_embedded_cluster() {
         args.out = out.clone().into();
         args.duration = seconds;
         args.no_progress = true;
-        cifpool::bench::run(&settings, &args).unwrap();
+        cifpool_tools::bench::run(&settings, &args).unwrap();
     }
 }

@@ -4,10 +4,10 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use cifpool::lab::sim::{
+use cifpool::queue::policy::Strategy;
+use cifpool_tools::lab::sim::{
     CSV_HEADER, DEADLINE_S, SimOptions, SimResult, SimScenario, run_all, simulate, write_csv, write_png,
 };
-use cifpool::queue::policy::Strategy;
 
 /// Every cell at the defaults, simulated once for all the tests of this file.
 fn grid() -> &'static [SimResult] {
@@ -135,17 +135,17 @@ fn csv_and_png_are_written() {
 }
 
 /// Regenerates `docs/sim.png` and prints the table for `docs/LAB.md`:
-/// `cargo test --release --test sim -- --ignored --nocapture regenerate_docs`.
+/// `cargo test --release -p cifpool-tools --test sim -- --ignored --nocapture regenerate_docs`.
 #[test]
 #[ignore = "writes into docs/; run by hand to refresh the documented results"]
 fn regenerate_docs() {
     let t = Instant::now();
     let results = run_all(&SimOptions::default(), &Strategy::ALL, &SimScenario::ALL, true);
     let wall = t.elapsed();
-    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
     write_png(&docs, &results).expect("png");
     let rows: Vec<_> = results.iter().map(|r| r.row.clone()).collect();
-    println!("{}", cifpool::lab::sim::markdown_table(&rows));
+    println!("{}", cifpool_tools::lab::sim::markdown_table(&rows));
     let b = cell_of(&results, Strategy::Bulkhead, SimScenario::SmsSlow);
     println!(
         "bulkhead/sms-slow OTP created at 10 s: pick wait {:.2} s, latency {:.2} s",
@@ -166,23 +166,4 @@ fn regenerate_docs() {
 
 fn cell_of(results: &[SimResult], strategy: Strategy, scenario: SimScenario) -> &SimResult {
     results.iter().find(|r| r.row.strategy == strategy && r.row.scenario == scenario).expect("cell")
-}
-
-#[test]
-fn sim_args_default_to_the_brief_and_parse_scenarios() {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        sim: cifpool::lab::sim::SimArgs,
-    }
-    let cli = Cli::try_parse_from(["lab"]).expect("defaults parse");
-    assert_eq!(cli.sim.options(), SimOptions::default());
-    assert_eq!(cli.sim.strategies, Strategy::ALL);
-    assert_eq!(cli.sim.scenarios, SimScenario::ALL);
-    let cli =
-        Cli::try_parse_from(["lab", "--sim-scenario", "push-timeout-30s,sms-slow", "--sim-strategy", "floor-borrow"])
-            .expect("lists parse");
-    assert_eq!(cli.sim.scenarios, [SimScenario::PushTimeout30s, SimScenario::SmsSlow]);
-    assert_eq!(cli.sim.strategies, [Strategy::FloorBorrow]);
 }

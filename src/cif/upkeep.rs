@@ -1,25 +1,26 @@
-//! When refill, reclaim and the gauges run: on their cron schedules, on demand (admin), right away
-//! when a pool turns up empty, and after claims (rate-limited depth check).
+//! Keeping pools served: when refill, reclaim and the depth gauges run. On their cron schedules, on
+//! demand (admin), at once when a claim finds a pool empty, and after claims (a depth check at most
+//! once a second per pool and instance).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use sqlx::PgPool;
 use tokio_cron_scheduler::JobScheduler;
 use tokio_util::sync::CancellationToken;
 
 use crate::cif::refill::{self, RefillOptions, RefillSummary};
-use crate::cif::{Pool, reclaim, stats};
-use crate::state::AppState;
+use crate::cif::{Pool, Pools, reclaim, stats};
 
 /// Minimum spacing of post-claim depth checks per pool and instance.
 const DEPTH_CHECK_INTERVAL_MS: i64 = 1000;
 /// How often the pool gauges are refreshed.
 pub const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Runs one refill and logs its summary.
-pub async fn run_refill(state: &AppState, pool: &Pool, opts: RefillOptions) -> Result<RefillSummary, sqlx::Error> {
-    let summary = refill::refill(&state.db, pool, opts).await?;
+/// Runs one refill of `pool` and logs what it added.
+pub async fn run_refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result<RefillSummary, sqlx::Error> {
+    let summary = refill::refill(db, pool, opts).await?;
     if summary.codes_added > 0 {
         tracing::info!(
             pool = pool.name(),
@@ -32,23 +33,23 @@ pub async fn run_refill(state: &AppState, pool: &Pool, opts: RefillOptions) -> R
     Ok(summary)
 }
 
-fn spawn_refill(state: &AppState, pool: &Arc<Pool>) {
-    let (state, pool) = (state.clone(), pool.clone());
+fn spawn_refill(db: &PgPool, pool: &Arc<Pool>) {
+    let (db, pool) = (db.clone(), pool.clone());
     tokio::spawn(async move {
-        if let Err(e) = run_refill(&state, &pool, RefillOptions::default()).await {
+        if let Err(e) = run_refill(&db, &pool, RefillOptions::default()).await {
             tracing::warn!(pool = pool.name(), error = %e, "refill failed");
         }
     });
 }
 
 /// A claim found the pool empty: refill now (the advisory lock collapses concurrent triggers).
-pub fn on_empty(state: &AppState, pool: &Arc<Pool>) {
+pub fn on_empty(db: &PgPool, pool: &Arc<Pool>) {
     stats::note_depth(pool, 0);
-    spawn_refill(state, pool);
+    spawn_refill(db, pool);
 }
 
 /// After a successful claim: at most once a second per pool, check the depth and refill if low.
-pub fn after_claim(state: &AppState, pool: &Arc<Pool>) {
+pub fn after_claim(db: &PgPool, pool: &Arc<Pool>) {
     let now = chrono::Utc::now().timestamp_millis();
     let last = pool.last_depth_check_ms.load(Ordering::Relaxed);
     if now - last < DEPTH_CHECK_INTERVAL_MS
@@ -56,38 +57,38 @@ pub fn after_claim(state: &AppState, pool: &Arc<Pool>) {
     {
         return;
     }
-    let (state, pool) = (state.clone(), pool.clone());
+    let (db, pool) = (db.clone(), pool.clone());
     tokio::spawn(async move {
-        let Ok(mut conn) = state.db.acquire().await else { return };
+        let Ok(mut conn) = db.acquire().await else { return };
         let Ok(available) = refill::available_up_to(&mut conn, pool.id, pool.settings.low_watermark).await else {
             return;
         };
         drop(conn);
         stats::note_depth(&pool, available);
         if available < pool.settings.low_watermark {
-            spawn_refill(&state, &pool);
+            spawn_refill(&db, &pool);
         }
     });
 }
 
 /// Registers each pool's refill and reclaim schedules.
-pub async fn schedule(scheduler: &JobScheduler, state: &AppState) -> anyhow::Result<()> {
-    for pool in state.pools.iter() {
-        let (st, p) = (state.clone(), pool.clone());
+pub async fn schedule(scheduler: &JobScheduler, db: &PgPool, pools: &Arc<Pools>) -> anyhow::Result<()> {
+    for pool in pools.iter() {
+        let (db_, p) = (db.clone(), pool.clone());
         crate::schedule::add(scheduler, &pool.settings.refill_schedule, move || {
-            let (st, p) = (st.clone(), p.clone());
+            let (db, p) = (db_.clone(), p.clone());
             async move {
-                if let Err(e) = run_refill(&st, &p, RefillOptions::default()).await {
+                if let Err(e) = run_refill(&db, &p, RefillOptions::default()).await {
                     tracing::warn!(pool = p.name(), error = %e, "scheduled refill failed");
                 }
             }
         })
         .await?;
-        let (st, id) = (state.clone(), pool.id);
+        let (db_, pools, id) = (db.clone(), pools.clone(), pool.id);
         crate::schedule::add(scheduler, &pool.settings.reclaim_schedule, move || {
-            let st = st.clone();
+            let (db, pools) = (db_.clone(), pools.clone());
             async move {
-                if let Err(e) = reclaim::reclaim(&st.db, &st.pools, Some(id)).await {
+                if let Err(e) = reclaim::reclaim(&db, &pools, Some(id)).await {
                     tracing::warn!(error = %e, "scheduled reclaim failed");
                 }
             }
@@ -98,7 +99,7 @@ pub async fn schedule(scheduler: &JobScheduler, state: &AppState) -> anyhow::Res
 }
 
 /// Refreshes the pool gauges every [`GAUGE_INTERVAL`] until `stop`.
-pub async fn gauges_loop(state: AppState, stop: CancellationToken) {
+pub async fn gauges_loop(db: PgPool, pools: Arc<Pools>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(GAUGE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -106,9 +107,8 @@ pub async fn gauges_loop(state: AppState, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        match stats::pool_stats(&state.db, &state.pools).await {
-            Ok(s) => stats::publish(&s, &state.pools),
-            Err(e) => tracing::debug!(error = %e, "pool gauges: database unavailable"),
+        if let Err(e) = stats::refresh(&db, &pools).await {
+            tracing::debug!(error = %e, "pool gauges: database unavailable");
         }
     }
 }

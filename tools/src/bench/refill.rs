@@ -21,8 +21,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use super::report::{BenchReport, Machine, table as text_table, thousands};
 use super::{BenchArgs, bench_pool};
-use crate::cif::Pool;
-use crate::cif::refill::{RefillOptions, refill};
+use cifpool::cif::Pool;
+use cifpool::cif::refill::{RefillOptions, refill};
 
 /// Name of the bench pool.
 pub const POOL: &str = "bench_refill";
@@ -115,7 +115,7 @@ async fn measure(db: &PgPool, opts: &RefillBenchOptions) -> anyhow::Result<(Refi
     let batch = BATCH.min(opts.codes);
     let batches = opts.codes.div_ceil(batch);
     let settings = bench_pool(POOL, "8", batch as u32, batches.min(10_000) as u32);
-    let pools = crate::cif::Pools::reconcile(db, &[settings], &crate::keys::MasterKey::generate()).await?;
+    let pools = cifpool::cif::Pools::reconcile(db, &[settings], &cifpool::keys::MasterKey::generate()).await?;
     let pool = pools.get(POOL).cloned().context("bench pool missing")?;
     anyhow::ensure!(pool.codec.capacity() >= opts.codes, "the bench pool's domain is smaller than --refill-codes");
 

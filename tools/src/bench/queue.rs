@@ -1,4 +1,4 @@
-//! `cifpool bench queue`: the notification queue's intake and drain, end to end through the real
+//! `cifpool-tools bench queue`: the notification queue's intake and drain, end to end through the real
 //! service (HTTP intake, the configured worker groups, claim SQL, fenced finishes) with no-op providers.
 //!
 //! Method, three phases on the scratch database, each starting from empty tables:
@@ -21,18 +21,21 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio_util::sync::CancellationToken;
 
 use super::cpu::{CpuSplit, CpuWatch};
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
-use super::{BenchArgs, ServiceUnderTest, db_now, use_noop_providers};
-use crate::config::Settings;
-use crate::queue::policy::Strategy;
+use super::{BenchArgs, db_now, use_noop_providers};
+use crate::load::{Schedule, Tally, fixed_rate, post_json};
+use cifpool::config::Settings;
+use cifpool::queue::policy::Strategy;
 
 /// Parameters of a `queue` run.
 #[derive(Debug, Clone, Serialize)]
@@ -166,17 +169,17 @@ pub async fn run(
     otp_settings.queue.strategy = Strategy::FloorBorrow;
     otp_settings.queue.groups.clear();
 
-    let intake = ServiceUnderTest::start(connect, intake_settings).await?;
+    let intake = super::start_service(connect, intake_settings).await?;
     let client = reqwest::Client::builder().tcp_nodelay(true).timeout(Duration::from_secs(600)).build()?;
     let result = async {
         clear(&harness).await?;
-        let enqueue = enqueue_phase(&client, &intake.base, &harness, opts).await?;
+        let enqueue = enqueue_phase(&client, &intake.base_url, &harness, opts).await?;
         if enqueue.accepted != opts.enqueue_jobs {
             notes.push(format!("enqueue: {} of {} jobs accepted", enqueue.accepted, opts.enqueue_jobs));
         }
 
         clear(&harness).await?;
-        let drain = drain_phase(&client, &intake.base, &harness, connect, &worker_settings, opts).await?;
+        let drain = drain_phase(&client, &intake.base_url, &harness, connect, &worker_settings, opts).await?;
         if drain.sent != drain.jobs || drain.result_rows != drain.sent || drain.attempts != drain.jobs {
             notes.push(format!(
                 "drain: {} jobs, {} sent, {} result rows, {} attempts: not a clean drain",
@@ -185,7 +188,7 @@ pub async fn run(
         }
 
         clear(&harness).await?;
-        let otp = otp_phase(&client, &intake.base, &harness, connect, &otp_settings, opts).await?;
+        let otp = otp_phase(&client, &intake.base_url, &harness, connect, &otp_settings, opts).await?;
         if otp.otp_sent + otp.otp_expired < otp.otp_enqueued {
             notes.push(format!(
                 "otp: {} enqueued but only {} finished",
@@ -199,7 +202,7 @@ pub async fn run(
         anyhow::Ok(QueueResults { enqueue, drain, otp_during_promo: otp })
     }
     .await;
-    intake.stop().await;
+    super::stop_service(intake).await;
     harness.close().await;
     let results = result?;
     notes.push("providers are the no-op provider (sent = accepted by the provider, nothing leaves the machine)".into());
@@ -322,10 +325,10 @@ async fn drain_phase(
     let bar = super::bar(opts.progress, "drain", n, "jobs");
     let start = db_now(db).await?;
     let cpu_watch = CpuWatch::start();
-    let workers = ServiceUnderTest::start(connect, settings.clone()).await?;
+    let workers = super::start_service(connect, settings.clone()).await?;
     let peak = watch(db, "promo", n, &bar, Duration::from_secs(60).max(Duration::from_millis(n))).await;
     let cpu = cpu_watch.finish().await;
-    workers.stop().await;
+    super::stop_service(workers).await;
     bar.finish();
     let peak = peak?;
     let (sent, result_rows, attempts, last): (i64, i64, i64, Option<chrono::DateTime<chrono::Utc>>) = sqlx::query_as(
@@ -410,21 +413,22 @@ async fn otp_phase(
     let bar = super::bar(opts.progress, "promo drain + OTPs", n, "jobs");
     let started = Instant::now();
     let start = db_now(db).await?;
-    let workers = ServiceUnderTest::start(connect, settings.clone()).await?;
-    let (stop_otp, otp_stopped) = tokio::sync::oneshot::channel::<()>();
-    let otps = tokio::spawn(otp_load(client.clone(), base.to_string(), opts.otp_rate, otp_stopped));
+    let workers = super::start_service(connect, settings.clone()).await?;
+    let stop_otp = CancellationToken::new();
+    let otps = tokio::spawn(otp_load(client.clone(), base.to_string(), opts.otp_rate, stop_otp.clone()));
     // At least 10 s of OTPs even if promo drains sooner, so the percentiles rest on ~100 samples.
     let drained = watch(db, "promo", n, &bar, Duration::from_secs(600).max(Duration::from_millis(n))).await;
     let min_end = started + Duration::from_secs(10);
     tokio::time::sleep_until(min_end.into()).await;
-    let _ = stop_otp.send(());
-    let (otp_enqueued, otp_errors) = otps.await.context("OTP load task")?;
+    stop_otp.cancel();
+    let otp_tally = otps.await.context("OTP load task")?;
+    let (otp_enqueued, otp_errors) = (otp_tally.ok(), otp_tally.errors);
     // The last OTPs need a moment to be sent.
     let finish_by = Instant::now() + Duration::from_secs(20);
     while unfinished(db, "otp").await? > 0 && Instant::now() < finish_by {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    workers.stop().await;
+    super::stop_service(workers).await;
     bar.finish();
     drained?;
     let (promo_sent, promo_last): (i64, Option<chrono::DateTime<chrono::Utc>>) = sqlx::query_as(
@@ -458,46 +462,19 @@ async fn otp_phase(
 }
 
 /// Posts one OTP every `1/rate` s (open loop: a slow answer does not delay the next) until `stop`;
-/// returns how many were accepted and the other statuses seen.
-async fn otp_load(
-    client: reqwest::Client,
-    base: String,
-    rate: f64,
-    mut stop: tokio::sync::oneshot::Receiver<()>,
-) -> (u64, BTreeMap<String, u64>) {
+/// a success is a 202.
+async fn otp_load(client: reqwest::Client, base: String, rate: f64, stop: CancellationToken) -> Tally {
     let url = format!("{base}/v1/notifications");
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(0.01)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut i = 0u64;
-    loop {
-        tokio::select! {
-            _ = &mut stop => break,
-            _ = tick.tick() => {}
-        }
-        i += 1;
+    let schedule = Schedule { rate: rate.max(0.01), origin: tokio::time::Instant::now(), calls: None };
+    fixed_rate(schedule, stop, Arc::default(), |i| {
         let body = format!(
             r#"{{"class":"otp","tenant":"bank","recipient":"+8490{i:07}","payload":{{"code":"{:06}"}}}}"#,
             i % 1_000_000
         );
         let (client, url) = (client.clone(), url.clone());
-        tasks.spawn(async move {
-            match client.post(url).header("content-type", "application/json").body(body).send().await {
-                Ok(resp) => resp.status().as_u16().to_string(),
-                Err(_) => "transport".to_string(),
-            }
-        });
-    }
-    let mut accepted = 0;
-    let mut errors = BTreeMap::new();
-    while let Some(status) = tasks.join_next().await {
-        match status.as_deref() {
-            Ok("202") => accepted += 1,
-            Ok(other) => *errors.entry(other.to_string()).or_default() += 1,
-            Err(_) => *errors.entry("panic".to_string()).or_default() += 1,
-        }
-    }
-    (accepted, errors)
+        async move { post_json(&client, &url, body, 202, "").await }
+    })
+    .await
 }
 
 /// The summary table of a report.

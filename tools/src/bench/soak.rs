@@ -1,4 +1,4 @@
-//! `cifpool bench soak`: a long mixed run, to show what time does to throughput (bloat, vacuum,
+//! `cifpool-tools bench soak`: a long mixed run, to show what time does to throughput (bloat, vacuum,
 //! growing history tables) rather than what a fresh table can do.
 //!
 //! Method: one service instance on the scratch database, everything on as in production (worker
@@ -22,11 +22,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio_util::sync::CancellationToken;
 
 use super::queue::batch_body;
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
-use super::{BenchArgs, ServiceUnderTest, bench_pool, db_now, use_noop_providers};
-use crate::config::Settings;
+use super::{BenchArgs, bench_pool, db_now, use_noop_providers};
+use crate::load::{Schedule, Tally, fixed_rate, post_json};
+use cifpool::config::Settings;
 
 /// Name of the soak's pool.
 pub const POOL: &str = "soak";
@@ -127,7 +129,7 @@ pub async fn run(
     pool.reclaim_schedule = "*/30 * * * * *".into();
     pool.lease_ttl = Duration::from_secs(300);
     app.pools = vec![pool];
-    let service = ServiceUnderTest::start(connect, app).await?;
+    let service = super::start_service(connect, app).await?;
     // Let the first refill fill the pool before the clock starts.
     let deadline = Instant::now() + Duration::from_secs(60);
     while available(&harness).await? < 50_000 && Instant::now() < deadline {
@@ -144,7 +146,7 @@ pub async fn run(
 
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..opts.clients {
-        let (client, base) = (client.clone(), service.base.clone());
+        let (client, base) = (client.clone(), service.base_url.clone());
         let (errors, confirmed_at, done) = (errors.clone(), confirmed_at.clone(), done.clone());
         tasks.spawn(async move {
             let mut seconds = Vec::new();
@@ -163,8 +165,11 @@ pub async fn run(
             confirmed_at.lock().expect("tally lock").extend(seconds);
         });
     }
-    tasks.spawn(feed(client.clone(), service.base.clone(), opts.queue_rate, length, errors.clone(), started));
-    tasks.spawn(otps(client.clone(), service.base.clone(), length, errors.clone(), started));
+    let stop = CancellationToken::new();
+    let loads = [
+        tokio::spawn(feed(client.clone(), service.base_url.clone(), opts.queue_rate, length, stop.clone())),
+        tokio::spawn(otps(client.clone(), service.base_url.clone(), length, stop.clone())),
+    ];
 
     let bar = super::bar(opts.progress, "soak", length.as_secs(), "s");
     while !tasks.is_empty() {
@@ -175,10 +180,18 @@ pub async fn run(
         bar.set_position(started.elapsed().as_secs().min(length.as_secs()));
         bar.set_message(format!("{} reservations confirmed", thousands(done.load(Ordering::Relaxed) as f64)));
     }
+    stop.cancel();
+    for load in loads {
+        let tally = load.await?;
+        let mut errors = errors.lock().expect("errors lock");
+        for (label, n) in tally.errors {
+            *errors.entry(label).or_default() += n;
+        }
+    }
     bar.finish();
     let seconds = started.elapsed().as_secs_f64();
     let tables_end = table_sizes(&harness).await?;
-    service.stop().await;
+    super::stop_service(service).await;
 
     let full = (seconds / 60.0).floor() as usize;
     let mut per_minute = vec![0u64; full.max(1)];
@@ -279,66 +292,33 @@ async fn reserve_and_confirm(client: &reqwest::Client, base: &str) -> Result<(),
     }
 }
 
-/// Promo batches of [`BATCH`] at `rate` jobs/s for `length`.
-async fn feed(
-    client: reqwest::Client,
-    base: String,
-    rate: f64,
-    length: Duration,
-    errors: Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
-    started: Instant,
-) {
+/// Promo batches of [`BATCH`] at `rate` jobs/s for `length` (or until `stop`); a success is a 202.
+async fn feed(client: reqwest::Client, base: String, rate: f64, length: Duration, stop: CancellationToken) -> Tally {
     if rate <= 0.0 {
-        return;
+        return Tally::default();
     }
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(BATCH as f64 / rate));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut n = 0u64;
-    while started.elapsed() < length {
-        tick.tick().await;
-        n += 1;
+    let url = format!("{base}/v1/notifications/batch");
+    let schedule = Schedule::for_duration(rate / BATCH as f64, length);
+    fixed_rate(schedule, stop, Arc::default(), |n| {
         let body = batch_body("promo", BATCH, 100, &format!("s{n}"));
-        post_counted(&client, &format!("{base}/v1/notifications/batch"), body, "batch", &errors).await;
-    }
+        let (client, url) = (client.clone(), url.clone());
+        async move { post_json(&client, &url, body, 202, "batch ").await }
+    })
+    .await
 }
 
-/// OTPs at [`OTP_RATE`] for `length`.
-async fn otps(
-    client: reqwest::Client,
-    base: String,
-    length: Duration,
-    errors: Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
-    started: Instant,
-) {
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / OTP_RATE));
-    let mut i = 0u64;
-    while started.elapsed() < length {
-        tick.tick().await;
-        i += 1;
+/// OTPs at [`OTP_RATE`] for `length` (or until `stop`); a success is a 202.
+async fn otps(client: reqwest::Client, base: String, length: Duration, stop: CancellationToken) -> Tally {
+    let url = format!("{base}/v1/notifications");
+    fixed_rate(Schedule::for_duration(OTP_RATE, length), stop, Arc::default(), |i| {
         let body =
             format!(r#"{{"class":"otp","tenant":"bank","recipient":"+8491{i:07}","payload":{{"code":"123456"}}}}"#);
-        post_counted(&client, &format!("{base}/v1/notifications"), body.into_bytes(), "otp", &errors).await;
-    }
+        let (client, url) = (client.clone(), url.clone());
+        async move { post_json(&client, &url, body, 202, "otp ").await }
+    })
+    .await
 }
 
-/// Posts a JSON body; anything but a 202 is counted in `errors` under `what` and the status.
-async fn post_counted(
-    client: &reqwest::Client,
-    url: &str,
-    body: Vec<u8>,
-    what: &str,
-    errors: &std::sync::Mutex<BTreeMap<String, u64>>,
-) {
-    let status = client.post(url).header("content-type", "application/json").body(body).send().await;
-    let label = match status.map(|r| r.status().as_u16()) {
-        Ok(202) => return,
-        Ok(other) => format!("{what} {other}"),
-        Err(_) => format!("{what} transport"),
-    };
-    *errors.lock().expect("errors lock").entry(label).or_default() += 1;
-}
-
-/// Sizes of the tables that grow or churn.
 async fn table_sizes(db: &PgPool) -> anyhow::Result<Vec<TableSize>> {
     sqlx::query("ANALYZE cif_codes, cif_issued, notification_jobs").execute(db).await?;
     let rows: Vec<(String, i64, i64, i64, i64, i64)> = sqlx::query_as(

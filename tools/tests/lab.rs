@@ -1,22 +1,16 @@
-//! A shortened cell of the lab on the real queue: the brief's shape must hold.
+//! A shortened cell of the lab on the real queue: FIFO starves OTPs behind promo, floor + borrow serves
+//! them within a second.
 
+#[path = "../../tests/common/cluster.rs"]
 mod common;
 
-use std::time::Duration;
-
-use cifpool::lab::real::{LabOptions, LabScenario, run_cell};
 use cifpool::queue::policy::Strategy;
+use cifpool_tools::lab::real::{LabOptions, LabScenario, run_cell};
 use common::fresh_database;
 use indicatif::ProgressBar;
 
 fn short() -> LabOptions {
-    LabOptions {
-        promo: 2_000,
-        otp_start: Duration::from_secs(1),
-        otp_window: Duration::from_secs(3),
-        duration: Duration::from_secs(5),
-        ..LabOptions::default()
-    }
+    LabOptions { promo: 2_000, otp_start: 1.0, otp_window: 3.0, duration: 5.0, ..LabOptions::default() }
 }
 
 async fn lab_pool(url: &str) -> sqlx::PgPool {

@@ -1,4 +1,4 @@
-//! `cifpool bench <target>`: reproducible measurements, each written to `DIR/<target>.json` (figures,
+//! `cifpool-tools bench <target>`: reproducible measurements, each written to `DIR/<target>.json` (figures,
 //! parameters, machine) and summarised as a table on stdout.
 //!
 //! - [`reserve`]: `POST /v1/cif` against an in-process service at several concurrencies, beside the
@@ -17,6 +17,7 @@
 
 pub mod cpu;
 pub mod queue;
+pub mod raw;
 pub mod refill;
 pub mod report;
 pub mod reserve;
@@ -30,7 +31,9 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sqlx::postgres::PgConnectOptions;
 
-use crate::config::Settings;
+use cifpool::config::Settings;
+use cifpool::db::Database;
+use cifpool::startup::{Application, RunningApp};
 
 /// Name of the scratch database `run` creates on the configured server.
 pub const BENCH_DATABASE: &str = "cifpool_bench";
@@ -129,26 +132,15 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
-    /// Defaults for `target`, as the command line would give them.
+    /// Defaults for `target`, as the command line gives them (parsed, so each default lives once, in
+    /// its `#[arg]`).
     pub fn new(target: Target) -> BenchArgs {
-        BenchArgs {
-            target,
-            out: PathBuf::from("bench-out"),
-            duration: 10.0,
-            concurrency: vec![1, 16, 64],
-            rate: 1000.0,
-            raw: RawMode::Auto,
-            refill_codes: 1_000_000,
-            naive_rows: 5_000,
-            jobs: 200_000,
-            enqueue_jobs: 500_000,
-            promo_jobs: 500_000,
-            otp_rate: 10.0,
-            tenants: 100,
-            minutes: 10.0,
-            queue_rate: 2000.0,
-            no_progress: false,
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            args: BenchArgs,
         }
+        <Only as clap::Parser>::try_parse_from(["bench", target.name()]).expect("every other flag has a default").args
     }
 
     fn validate(&self) -> anyhow::Result<()> {
@@ -178,7 +170,7 @@ pub fn run(settings: &Settings, args: &BenchArgs) -> anyhow::Result<()> {
     args.validate()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async {
-        let database = crate::startup::Database::open(settings).await?;
+        let database = Database::open(settings).await?;
         let opened = open_bench_database(&database).await;
         let result = match opened {
             Ok(connect) => run_on(&connect, settings, args).await,
@@ -219,19 +211,24 @@ pub async fn run_on(connect: &PgConnectOptions, settings: &Settings, args: &Benc
 
 /// Drops and re-creates [`BENCH_DATABASE`] on the server `database` is connected to, migrates it and
 /// returns its connect options.
-pub async fn open_bench_database(database: &crate::startup::Database) -> anyhow::Result<PgConnectOptions> {
-    crate::startup::recreate_scratch_database(database, BENCH_DATABASE).await
+pub async fn open_bench_database(database: &Database) -> anyhow::Result<PgConnectOptions> {
+    database.recreate_scratch(BENCH_DATABASE).await
 }
 
 /// A pool definition for benchmarks: the default `individual` format (9 digits + Damm) under its own
 /// prefix and key id, schedules that never fire (Feb 30th), a watermark of 1 so the service's own
 /// post-claim refill stays out of the measurement.
-pub fn bench_pool(name: &str, prefix: &str, batch_size: u32, max_batches_per_run: u32) -> crate::config::PoolSettings {
-    crate::config::PoolSettings {
+pub fn bench_pool(
+    name: &str,
+    prefix: &str,
+    batch_size: u32,
+    max_batches_per_run: u32,
+) -> cifpool::config::PoolSettings {
+    cifpool::config::PoolSettings {
         name: name.into(),
         prefix: prefix.into(),
         digits: 9,
-        check: crate::code::check::CheckScheme::Damm,
+        check: cifpool::code::check::CheckScheme::Damm,
         key_id: "bench".into(),
         low_watermark: 1,
         batch_size,
@@ -252,6 +249,31 @@ pub(crate) fn bar(show: bool, label: &str, len: u64, unit: &str) -> ProgressBar 
     bar.set_style(ProgressStyle::with_template(&template).expect("static template").progress_chars("=> "));
     bar.set_prefix(label.to_string());
     bar
+}
+
+/// Drives a bar from `done` until the returned sender fires, showing the running rate.
+pub(crate) fn ticker(
+    bar: ProgressBar,
+    started: std::time::Instant,
+    done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    total_ms: u64,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        loop {
+            let elapsed = started.elapsed();
+            bar.set_position((elapsed.as_millis() as u64).min(total_ms) / 1000);
+            let n = done.load(std::sync::atomic::Ordering::Relaxed);
+            let rate = n as f64 / elapsed.as_secs_f64();
+            bar.set_message(format!("{} ok, {}/s", report::thousands(n as f64), report::thousands(rate)));
+            tokio::select! {
+                _ = &mut rx => break,
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+        bar.finish();
+    });
+    (tx, task)
 }
 
 /// Finds `pgbench` like the embedded module finds `initdb`: `PATH`, then the newest
@@ -314,50 +336,28 @@ pub(crate) async fn db_now(db: &sqlx::PgPool) -> anyhow::Result<chrono::DateTime
 pub(crate) fn use_noop_providers(settings: &mut Settings) {
     let workers = settings.queue.workers as u32;
     for provider in settings.queue.providers.values_mut() {
-        provider.kind = crate::config::ProviderKind::Noop;
+        provider.kind = cifpool::config::ProviderKind::Noop;
         provider.url = None;
         provider.authorization = None;
         provider.max_concurrency = provider.max_concurrency.max(workers);
     }
 }
 
-/// The real service running in-process on the bench database (its own connection pool, a throw-away
-/// master key: the scratch database is re-created by every run), stopped with [`ServiceUnderTest::stop`].
-pub(crate) struct ServiceUnderTest {
-    /// `http://127.0.0.1:PORT`.
-    pub base: String,
-    /// Its state (pools, queue runtime, database pool).
-    pub state: crate::state::AppState,
-    stop: tokio::sync::oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<anyhow::Result<()>>,
+/// The real service started in-process on the bench database (its own connection pool, a throw-away
+/// master key: the scratch database is re-created by every run), listening on an ephemeral port.
+pub(crate) async fn start_service(connect: &PgConnectOptions, mut settings: Settings) -> anyhow::Result<RunningApp> {
+    settings.server.listen = "127.0.0.1:0".parse().expect("static address");
+    let db = Database::external(&settings.database, connect.clone());
+    let app = Application::build_with(settings, db, &cifpool::keys::MasterKey::generate())
+        .await
+        .context("starting the service under test")?;
+    Ok(app.spawn())
 }
 
-impl ServiceUnderTest {
-    /// Builds and starts the service with `settings` (listening on an ephemeral port) on `connect`.
-    pub async fn start(connect: &PgConnectOptions, mut settings: Settings) -> anyhow::Result<ServiceUnderTest> {
-        settings.server.listen = "127.0.0.1:0".parse().expect("static address");
-        let db =
-            crate::startup::Database { pool: crate::db::pool(&settings.database, connect.clone()), embedded: None };
-        let app = crate::startup::Application::build_with(settings, db, &crate::keys::MasterKey::generate())
-            .await
-            .context("starting the service under test")?;
-        let base = format!("http://{}", app.local_addr());
-        let state = app.state().clone();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(app.run_until(async move {
-            let _ = stopped.await;
-        }));
-        Ok(ServiceUnderTest { base, state, stop, server })
-    }
-
-    /// Stops it (graceful shutdown, as on SIGTERM) and waits until it has.
-    pub async fn stop(self) {
-        let _ = self.stop.send(());
-        match self.server.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "bench service stopped with an error"),
-            Err(e) => tracing::warn!(error = %e, "bench service task"),
-        }
+/// Stops a service of [`start_service`] (graceful shutdown, as on SIGTERM) and waits until it has.
+pub(crate) async fn stop_service(service: RunningApp) {
+    if let Err(e) = service.stop().await {
+        tracing::warn!(error = %e, "bench service stopped with an error");
     }
 }
 

@@ -1,4 +1,4 @@
-//! `cifpool lab`: the brief's scaled-down experiment on the real queue — real worker groups, the real
+//! `cifpool-tools lab`: the send-flow isolation experiment, scaled down, on the real queue — real worker groups, the real
 //! claim SQL, a real Postgres, fake providers over HTTP with the scenario's latencies.
 //!
 //! Per cell (strategy × scenario): a fresh set of tables, a promo batch inserted first, OTPs injected
@@ -14,13 +14,17 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ClassSettings, ProviderKind, ProviderSettings, QueueSettings};
-use crate::queue::enqueue::{self, NewJob};
-use crate::queue::fake_provider::{FakeBehaviour, FakeProvider};
-use crate::queue::policy::Strategy;
-use crate::queue::worker::{QueueRuntime, WorkerGroup};
+use cifpool::config::{ClassSettings, ProviderKind, ProviderSettings, QueueSettings};
+use cifpool::db::Database;
+use cifpool::queue::enqueue;
+use cifpool::queue::fake_provider::{FakeBehaviour, FakeProvider};
+use cifpool::queue::intake::{self, NewJob};
+use cifpool::queue::policy::Strategy;
+use cifpool::queue::runtime::QueueRuntime;
 
-/// Lab scenarios of the brief.
+use crate::load::{Schedule, fixed_rate};
+
+/// Provider conditions of a lab cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LabScenario {
     /// Push hangs (3000 ms), SMS healthy (300 ms).
@@ -30,7 +34,7 @@ pub enum LabScenario {
 }
 
 impl LabScenario {
-    /// Both, in the brief's order.
+    /// Both.
     pub const ALL: [LabScenario; 2] = [LabScenario::PushHang, LabScenario::SmsSlow];
 
     /// Kebab-case name.
@@ -42,57 +46,64 @@ impl LabScenario {
     }
 }
 
-/// Parameters of the lab (the brief's values by default).
-#[derive(Debug, Clone)]
+/// Parameters of the lab; each default is the flag's default (scaled down from the production
+/// shape: 20 workers, 6 reserved, a 20,000-job promo batch, 10 OTP/s).
+#[derive(Debug, Clone, clap::Args)]
 pub struct LabOptions {
     /// Workers in all.
+    #[arg(long, default_value_t = 20)]
     pub workers: usize,
     /// Workers reserved for OTP (bulkhead, floor-borrow).
+    #[arg(long, default_value_t = 6)]
     pub reserved: usize,
     /// Promo jobs inserted before the run.
+    #[arg(long, default_value_t = 20_000)]
     pub promo: usize,
     /// OTPs per second.
+    #[arg(long, default_value_t = 10.0)]
     pub otp_rate: f64,
-    /// When OTP injection starts.
-    pub otp_start: Duration,
-    /// How long OTPs are injected.
-    pub otp_window: Duration,
-    /// How long the workers run.
-    pub duration: Duration,
-    /// Push latency under push-hang.
-    pub push_hang_push: Duration,
-    /// SMS latency under push-hang.
-    pub push_hang_sms: Duration,
-    /// Push latency under sms-slow.
-    pub sms_slow_push: Duration,
-    /// SMS latency under sms-slow.
-    pub sms_slow_sms: Duration,
+    /// Seconds after the start at which OTPs begin.
+    #[arg(long, default_value_t = 3.0)]
+    pub otp_start: f64,
+    /// Seconds during which OTPs arrive.
+    #[arg(long, default_value_t = 15.0)]
+    pub otp_window: f64,
+    /// Seconds the workers run per cell.
+    #[arg(long, default_value_t = 25.0)]
+    pub duration: f64,
+    /// Push latency under push-hang, ms.
+    #[arg(long, default_value_t = 3000)]
+    pub push_hang_push_ms: u64,
+    /// SMS latency under push-hang, ms.
+    #[arg(long, default_value_t = 300)]
+    pub push_hang_sms_ms: u64,
+    /// Push latency under sms-slow, ms.
+    #[arg(long, default_value_t = 50)]
+    pub sms_slow_push_ms: u64,
+    /// SMS latency under sms-slow, ms.
+    #[arg(long, default_value_t = 1500)]
+    pub sms_slow_sms_ms: u64,
 }
 
 impl Default for LabOptions {
     fn default() -> Self {
-        LabOptions {
-            workers: 20,
-            reserved: 6,
-            promo: 20_000,
-            otp_rate: 10.0,
-            otp_start: Duration::from_secs(3),
-            otp_window: Duration::from_secs(15),
-            duration: Duration::from_secs(25),
-            push_hang_push: Duration::from_millis(3000),
-            push_hang_sms: Duration::from_millis(300),
-            sms_slow_push: Duration::from_millis(50),
-            sms_slow_sms: Duration::from_millis(1500),
-        }
+        crate::cli::parse_defaults()
     }
 }
 
 impl LabOptions {
+    /// (push, SMS) latency of `scenario`.
     fn latencies(&self, scenario: LabScenario) -> (Duration, Duration) {
+        let ms = Duration::from_millis;
         match scenario {
-            LabScenario::PushHang => (self.push_hang_push, self.push_hang_sms),
-            LabScenario::SmsSlow => (self.sms_slow_push, self.sms_slow_sms),
+            LabScenario::PushHang => (ms(self.push_hang_push_ms), ms(self.push_hang_sms_ms)),
+            LabScenario::SmsSlow => (ms(self.sms_slow_push_ms), ms(self.sms_slow_sms_ms)),
         }
+    }
+
+    /// How long the workers run per cell.
+    pub fn run_time(&self) -> Duration {
+        Duration::from_secs_f64(self.duration)
     }
 }
 
@@ -133,8 +144,7 @@ impl LabCell {
 
     /// Median wait of served OTPs.
     pub fn p50_s(&self) -> Option<f64> {
-        let w = self.waits();
-        (!w.is_empty()).then(|| w[(w.len() - 1) / 2])
+        crate::stats::percentile(&self.waits(), 0.5)
     }
 
     /// Longest wait of served OTPs.
@@ -166,19 +176,19 @@ async fn fake(latency: Duration) -> anyhow::Result<(Arc<FakeProvider>, String, C
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let stop = CancellationToken::new();
-    tokio::spawn(crate::queue::fake_provider::serve(fake.clone(), listener, stop.clone().cancelled_owned()));
+    tokio::spawn(cifpool::queue::fake_provider::serve(fake.clone(), listener, stop.clone().cancelled_owned()));
     Ok((fake, url, stop))
 }
 
-/// Queue settings of a lab cell: the two classes of the brief, providers without limits (the lab
-/// studies worker scheduling, not provider back-off), one claim per worker as in the brief.
+/// Queue settings of a lab cell: an urgent `otp` and a bulk `promo` class, providers without limits
+/// (the lab studies worker scheduling, not provider back-off), one job per claim.
 fn lab_queue(opts: &LabOptions, strategy: Strategy, sms_url: &str, push_url: &str) -> QueueSettings {
     let class = |name: &str, priority: i16, provider: &str| ClassSettings {
         name: name.into(),
         priority,
         provider: provider.into(),
         max_attempts: 3,
-        // The brief's lab measures how long an OTP waits, so no deadline cuts the wait short.
+        // The lab measures how long an OTP waits, so no deadline cuts the wait short.
         deadline: None,
         backoff_base: Duration::from_millis(100),
         backoff_cap: Duration::from_secs(1),
@@ -204,7 +214,7 @@ fn lab_queue(opts: &LabOptions, strategy: Strategy, sms_url: &str, push_url: &st
         claim_batch: 1,
         lease: Duration::from_secs(60),
         sweep_schedule: "*/5 * * * * *".into(),
-        overload: crate::config::OverloadMode::Reject,
+        overload: cifpool::config::OverloadMode::Reject,
         max_batch: usize::MAX,
         batch_body_limit_bytes: usize::MAX,
         batch_timeout: Duration::from_secs(600),
@@ -239,7 +249,7 @@ pub async fn run_cell(
             class: "promo".into(),
             tenant: "lab".into(),
             recipient: format!("device-{i}"),
-            payload: crate::queue::enqueue::payload_of(&serde_json::json!({ "campaign": "lab" })),
+            payload: intake::payload_of(&serde_json::json!({ "campaign": "lab" })),
             idempotency_key: None,
         })
         .collect();
@@ -249,33 +259,34 @@ pub async fn run_cell(
     let started = Instant::now();
     let t0: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(db).await?;
     let mut tasks = tokio::task::JoinSet::new();
-    for policy in rt.group_policies() {
-        tasks.spawn(WorkerGroup::new(policy, db.clone(), rt.clone()).run(stop.clone(), Duration::ZERO));
-    }
-    tasks.spawn(crate::queue::worker::listen(db.clone(), rt.clone(), stop.clone()));
+    rt.spawn_workers(db, Duration::ZERO, &stop, &mut tasks);
 
     // OTPs at a fixed rate, each at its scheduled instant (no drift from insert latency).
     let injector = {
-        let (db, rt, opts) = (db.clone(), rt.clone(), opts.clone());
-        tokio::spawn(async move {
-            let count = (opts.otp_rate * opts.otp_window.as_secs_f64()).round() as usize;
-            for i in 0..count {
-                let at = opts.otp_start + Duration::from_secs_f64(i as f64 / opts.otp_rate);
-                tokio::time::sleep_until(tokio::time::Instant::from_std(started + at)).await;
+        let (db, rt) = (db.clone(), rt.clone());
+        let schedule = Schedule {
+            rate: opts.otp_rate,
+            origin: tokio::time::Instant::from_std(started) + Duration::from_secs_f64(opts.otp_start),
+            calls: Some((opts.otp_rate * opts.otp_window).round() as u64),
+        };
+        tokio::spawn(fixed_rate(schedule, stop.clone(), Arc::default(), move |i| {
+            let (db, rt) = (db.clone(), rt.clone());
+            async move {
                 let job = NewJob {
                     class: "otp".into(),
                     tenant: "lab".into(),
                     recipient: format!("+8490{i:07}"),
-                    payload: crate::queue::enqueue::payload_of(&serde_json::json!({ "code": "000000" })),
+                    payload: intake::payload_of(&serde_json::json!({ "code": "000000" })),
                     idempotency_key: None,
                 };
-                if let Err(e) = enqueue::enqueue_one(&db, &rt, &job, Duration::ZERO).await {
+                enqueue::enqueue_one(&db, &rt, &job, Duration::ZERO).await.map(|_| ()).map_err(|e| {
                     tracing::warn!(error = %e, "lab: OTP insert failed");
-                }
+                    "insert".to_string()
+                })
             }
-        })
+        }))
     };
-    while started.elapsed() < opts.duration {
+    while started.elapsed() < opts.run_time() {
         bar.set_position(started.elapsed().as_secs());
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -323,7 +334,7 @@ pub async fn run_all(
     let mut cells = Vec::new();
     for &scenario in scenarios {
         for &strategy in strategies {
-            let bar = if progress { ProgressBar::new(opts.duration.as_secs()) } else { ProgressBar::hidden() };
+            let bar = if progress { ProgressBar::new(opts.run_time().as_secs()) } else { ProgressBar::hidden() };
             bar.set_style(
                 ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos:>2}/{len}s").expect("static template"),
             );
@@ -370,11 +381,9 @@ pub const LAB_DATABASE: &str = "cifpool_lab";
 
 /// Opens the configured server (embedded by default) and a freshly created, migrated scratch
 /// database on it, so the lab never touches the service's own tables.
-pub async fn open_lab_database(
-    settings: &crate::config::Settings,
-) -> anyhow::Result<(crate::startup::Database, PgPool)> {
-    let database = crate::startup::Database::open(settings).await?;
-    let connect = crate::startup::recreate_scratch_database(&database, LAB_DATABASE).await?;
+pub async fn open_lab_database(settings: &cifpool::config::Settings) -> anyhow::Result<(Database, PgPool)> {
+    let database = Database::open(settings).await?;
+    let connect = database.recreate_scratch(LAB_DATABASE).await?;
     let db = sqlx::postgres::PgPoolOptions::new().max_connections(40).connect_with(connect).await?;
     Ok((database, db))
 }

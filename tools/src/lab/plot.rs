@@ -11,7 +11,7 @@ use plotters::prelude::*;
 use plotters::style::FontStyle;
 
 use super::sim::{DEADLINE_S, SimResult, SimScenario};
-use crate::queue::policy::Strategy;
+use cifpool::queue::policy::Strategy;
 
 /// DejaVu Sans (Bitstream Vera license, see `assets/fonts/README.md`).
 static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");

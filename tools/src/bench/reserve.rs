@@ -1,13 +1,13 @@
-//! `cifpool bench reserve`: reservations per second and latency of `POST /v1/cif` over HTTP, against
+//! `cifpool-tools bench reserve`: reservations per second and latency of `POST /v1/cif` over HTTP, against
 //! the same one-statement claim run raw on the same cluster (the headline figure is service / raw), and
 //! the latency at a fixed open-loop request rate.
 //!
 //! Method:
-//! - The service runs in-process (the real [`crate::startup::Application`], its configured database pool size and
+//! - The service runs in-process (the real [`cifpool::startup::Application`], its configured database pool size and
 //!   timeouts) on a bench pool (`bench`, the default `individual` format under prefix 7) whose own
 //!   refill never triggers during a level; the queue workers are off. The load generator is a reqwest
 //!   client (keep-alive connection pool) with one tokio task per concurrent client, closed loop.
-//! - The raw side runs [`crate::cif::store::reserve_sql`] through `pgbench -M prepared` at the same
+//! - The raw side runs [`cifpool::cif::store::reserve_sql`] through `pgbench -M prepared` at the same
 //!   concurrency (`$n` binds turned into pgbench variables), or an in-process sqlx loop (one connection
 //!   per client, same statement, prepared) when pgbench is missing.
 //! - Before every measured phase, every code reserved by the previous phase is released and the table
@@ -20,25 +20,28 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio_util::sync::CancellationToken;
 
 use super::cpu::{CpuSplit, CpuWatch};
+use super::raw::{RawMethod, pgbench_level, sqlx_level};
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
-use super::{BenchArgs, RawMode, ServiceUnderTest, bench_pool, find_pgbench, libpq_env, scratch_dir};
-use crate::cif::Pool;
-use crate::cif::refill::{RefillOptions, RefillOutcome, refill};
-use crate::config::Settings;
+use super::{BenchArgs, RawMode, bench_pool, find_pgbench, scratch_dir, ticker};
+use crate::load::{Schedule, Tally, fixed_rate};
+use cifpool::cif::Pool;
+use cifpool::cif::refill::{RefillOptions, RefillOutcome, refill};
+use cifpool::config::Settings;
 
 /// Name (customer type) of the bench pool.
 pub const POOL: &str = "bench";
 /// Holder recorded by both sides.
-const HOLDER: &str = "bench";
+pub(crate) const HOLDER: &str = "bench";
 /// Rate assumed before anything has been measured, reservations/s.
 const INITIAL_RATE_GUESS: f64 = 4000.0;
 
@@ -179,7 +182,7 @@ pub async fn run(
     app_settings.queue.workers_enabled = false;
     app_settings.pools = vec![bench_pool(POOL, "7", 10_000, 10)];
     let db_settings = app_settings.database.clone();
-    let service = ServiceUnderTest::start(connect, app_settings).await?;
+    let service = super::start_service(connect, app_settings).await?;
     let pool = service.state.pools.get(POOL).cloned().context("bench pool missing")?;
 
     let raw_method = match opts.raw {
@@ -208,7 +211,7 @@ pub async fn run(
             .pool_max_idle_per_host(usize::MAX)
             .timeout(Duration::from_secs(30))
             .build()?;
-        let url = format!("{}/v1/cif", service.base);
+        let url = format!("{}/v1/cif", service.base_url);
         let secs = opts.seconds;
         let mut best_rate = INITIAL_RATE_GUESS;
         let mut levels = Vec::new();
@@ -271,11 +274,11 @@ pub async fn run(
         } else {
             None
         };
-        anyhow::Ok(ReserveResults { levels, fixed_rate, claim_sql: crate::cif::store::reserve_sql().to_string() })
+        anyhow::Ok(ReserveResults { levels, fixed_rate, claim_sql: cifpool::cif::store::reserve_sql().to_string() })
     }
     .await;
 
-    service.stop().await;
+    super::stop_service(service).await;
     harness.close().await;
     if let Some(dir) = script_dir {
         let _ = std::fs::remove_dir_all(dir);
@@ -299,20 +302,6 @@ pub async fn run(
         "pgbench": "pgbench -n -M prepared -c C -j min(C,2) -T secs -f claim.sql -D lim=1 -D lease=3600 -D pool_id=ID -D holder=bench -l",
     });
     Ok(BenchReport { target: "reserve".into(), parameters, machine, results, notes })
-}
-
-enum RawMethod {
-    Pgbench(PathBuf),
-    Sqlx,
-}
-
-impl RawMethod {
-    fn name(&self) -> &'static str {
-        match self {
-            RawMethod::Pgbench(_) => "pgbench",
-            RawMethod::Sqlx => "sqlx",
-        }
-    }
 }
 
 /// Releases every reserved code of `pool`, vacuums, and tops the pool up to `need` available codes;
@@ -359,94 +348,20 @@ async fn reserved_count(db: &PgPool, pool: &Pool) -> anyhow::Result<u64> {
 
 const BODY: &str = r#"{"customer_type":"bench"}"#;
 
-fn request(client: &reqwest::Client, url: &str) -> reqwest::RequestBuilder {
-    client.post(url).header("content-type", "application/json").header("x-holder", HOLDER).body(BODY)
-}
-
-/// What one client task saw.
-#[derive(Default)]
-struct Tally {
-    latencies_us: Vec<u64>,
-    errors: BTreeMap<String, u64>,
-    per_second: Vec<u64>,
-}
-
-impl Tally {
-    fn merge(&mut self, other: Tally) {
-        self.latencies_us.extend(other.latencies_us);
-        for (k, v) in other.errors {
-            *self.errors.entry(k).or_default() += v;
-        }
-        if self.per_second.len() < other.per_second.len() {
-            self.per_second.resize(other.per_second.len(), 0);
-        }
-        for (i, v) in other.per_second.into_iter().enumerate() {
-            self.per_second[i] += v;
-        }
-    }
-
-    fn record(&mut self, status: Result<u16, ()>, latency: Duration, since_start: Duration, done: &AtomicU64) {
-        match status {
-            Ok(201) => {
-                self.latencies_us.push(latency.as_micros() as u64);
-                let second = since_start.as_secs() as usize;
-                if self.per_second.len() <= second {
-                    self.per_second.resize(second + 1, 0);
-                }
-                self.per_second[second] += 1;
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(other) => *self.errors.entry(other.to_string()).or_default() += 1,
-            Err(()) => *self.errors.entry("transport".into()).or_default() += 1,
-        }
-    }
-}
-
-async fn send(client: &reqwest::Client, url: &str) -> Result<u16, ()> {
-    match request(client, url).send().await {
+async fn send(client: &reqwest::Client, url: &str) -> Result<(), String> {
+    let request = client.post(url).header("content-type", "application/json").header("x-holder", HOLDER).body(BODY);
+    match request.send().await {
         Ok(resp) => {
             let status = resp.status().as_u16();
             // Read the body so the connection goes back to the pool.
             let _ = resp.bytes().await;
-            Ok(status)
+            if status == 201 { Ok(()) } else { Err(status.to_string()) }
         }
-        Err(_) => Err(()),
+        Err(_) => Err("transport".into()),
     }
 }
 
-/// Drives a bar from `done` until `stop`, showing the running rate.
-fn ticker(
-    bar: indicatif::ProgressBar,
-    started: Instant,
-    done: Arc<AtomicU64>,
-    total_ms: u64,
-) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        loop {
-            let elapsed = started.elapsed();
-            bar.set_position((elapsed.as_millis() as u64).min(total_ms) / 1000);
-            let n = done.load(Ordering::Relaxed);
-            bar.set_message(format!("{} ok, {}/s", thousands(n as f64), thousands(n as f64 / elapsed.as_secs_f64())));
-            tokio::select! {
-                _ = &mut rx => break,
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-            }
-        }
-        bar.finish();
-    });
-    (tx, task)
-}
-
-/// Waits for every load task and folds its tally into `all`.
-async fn merge_all(tasks: &mut tokio::task::JoinSet<Tally>, all: &mut Tally) {
-    while let Some(t) = tasks.join_next().await {
-        if let Ok(t) = t {
-            all.merge(t);
-        }
-    }
-}
-
+/// `c` clients, each sending its next request when the previous one answered, for `secs`.
 async fn closed_loop(client: &reqwest::Client, url: &str, c: usize, secs: u64, progress: bool) -> ServiceLevel {
     let bar = super::bar(progress, &format!("service c={c}"), secs, "s");
     let done = Arc::new(AtomicU64::new(0));
@@ -463,22 +378,28 @@ async fn closed_loop(client: &reqwest::Client, url: &str, c: usize, secs: u64, p
                 if t0 >= deadline {
                     break;
                 }
-                let status = send(&client, &url).await;
+                let outcome = send(&client, &url).await;
                 let end = Instant::now();
-                if status.is_err() {
+                if outcome.is_ok() {
+                    done.fetch_add(1, Ordering::Relaxed);
+                } else {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                tally.record(status, end - t0, end - started, &done);
+                tally.record(outcome, end - t0, end - started);
             }
             tally
         });
     }
     let mut all = Tally::default();
-    merge_all(&mut tasks, &mut all).await;
+    while let Some(t) = tasks.join_next().await {
+        if let Ok(t) = t {
+            all.merge(t);
+        }
+    }
     let seconds = started.elapsed().as_secs_f64();
     let _ = stop.send(());
     let _ = tick.await;
-    let reservations = all.latencies_us.len() as u64;
+    let reservations = all.ok();
     ServiceLevel {
         concurrency: c,
         seconds,
@@ -495,42 +416,19 @@ async fn closed_loop(client: &reqwest::Client, url: &str, c: usize, secs: u64, p
 async fn open_loop(client: &reqwest::Client, url: &str, rate: f64, secs: u64, progress: bool) -> FixedRate {
     let bar = super::bar(progress, &format!("service {rate:.0} req/s"), secs, "s");
     let done = Arc::new(AtomicU64::new(0));
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let max_in_flight = Arc::new(AtomicUsize::new(0));
-    let scheduled = (rate * secs as f64).round() as u64;
-    let period = Duration::from_secs_f64(1.0 / rate);
     let started = Instant::now();
     let (stop, tick) = ticker(bar, started, done.clone(), secs * 1000);
-    let origin = tokio::time::Instant::now() + Duration::from_millis(5);
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut all = Tally::default();
-    for i in 0..scheduled {
-        let at = origin + period.mul_f64(i as f64);
-        tokio::time::sleep_until(at).await;
-        let (client, url, done) = (client.clone(), url.to_string(), done.clone());
-        let (in_flight, max_in_flight) = (in_flight.clone(), max_in_flight.clone());
-        tasks.spawn(async move {
-            let now = in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-            max_in_flight.fetch_max(now, Ordering::Relaxed);
-            let status = send(&client, &url).await;
-            in_flight.fetch_sub(1, Ordering::Relaxed);
-            let end = tokio::time::Instant::now();
-            let mut tally = Tally::default();
-            tally.record(status, end - at, end.into_std() - started, &done);
-            tally
-        });
-        // Reap finished tasks as we go so the set stays small.
-        while let Some(t) = tasks.try_join_next() {
-            if let Ok(t) = t {
-                all.merge(t);
-            }
-        }
-    }
-    merge_all(&mut tasks, &mut all).await;
+    let schedule = Schedule::for_duration(rate, Duration::from_secs(secs));
+    let scheduled = schedule.calls.unwrap_or_default();
+    let all = fixed_rate(schedule, CancellationToken::new(), done, |_| {
+        let (client, url) = (client.clone(), url.to_string());
+        async move { send(&client, &url).await }
+    })
+    .await;
     let seconds = started.elapsed().as_secs_f64();
     let _ = stop.send(());
     let _ = tick.await;
-    let reservations = all.latencies_us.len() as u64;
+    let reservations = all.ok();
     FixedRate {
         target_rate: rate,
         scheduled,
@@ -538,185 +436,8 @@ async fn open_loop(client: &reqwest::Client, url: &str, rate: f64, secs: u64, pr
         achieved_rate: reservations as f64 / seconds,
         latency: Latency::from_micros(all.latencies_us),
         errors: all.errors,
-        max_in_flight: max_in_flight.load(Ordering::Relaxed),
+        max_in_flight: all.max_in_flight,
     }
-}
-
-/// The service's claim as a pgbench script: its binds become pgbench variables (`-D`), so with
-/// `-M prepared` the server sees the same prepared statement with the same parameter positions.
-pub fn pgbench_script() -> String {
-    let sql = crate::cif::store::reserve_sql()
-        .replace("$1", ":lim")
-        .replace("$2", ":lease")
-        .replace("$3", ":pool_id")
-        .replace("$4", ":holder");
-    format!("{sql};\n")
-}
-
-async fn pgbench_level(
-    bin: &std::path::Path,
-    connect: &PgConnectOptions,
-    pool: &Pool,
-    c: usize,
-    secs: u64,
-    dir: &std::path::Path,
-    progress: bool,
-) -> anyhow::Result<RawLevel> {
-    let run_dir = scratch_dir(dir, &format!("c{c}"))?;
-    let script = run_dir.join("claim.sql");
-    std::fs::write(&script, pgbench_script())?;
-    let bar = super::bar(progress, &format!("pgbench c={c}"), secs, "s");
-    let done = Arc::new(AtomicU64::new(0));
-    let (stop, tick) = ticker(bar, Instant::now(), done, secs * 1000);
-    let lease = pool.settings.lease_ttl.as_secs();
-    let output = tokio::process::Command::new(bin)
-        .args(["-n", "-M", "prepared", "-l", "--log-prefix", "pgb"])
-        .args(["-c", &c.to_string(), "-j", &c.min(2).to_string(), "-T", &secs.to_string()])
-        .arg("-f")
-        .arg(&script)
-        .args(["-D", "lim=1", "-D", &format!("lease={lease}"), "-D", &format!("pool_id={}", pool.id)])
-        .args(["-D", &format!("holder={HOLDER}")])
-        .envs(libpq_env(connect))
-        .current_dir(&run_dir)
-        .output()
-        .await
-        .with_context(|| format!("running {}", bin.display()))?;
-    let _ = stop.send(());
-    let _ = tick.await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    anyhow::ensure!(output.status.success(), "pgbench failed ({}): {stdout}\n{stderr}", output.status);
-    let parsed = parse_pgbench(&stdout).with_context(|| format!("unexpected pgbench output:\n{stdout}\n{stderr}"))?;
-    let mut latencies = Vec::new();
-    for entry in std::fs::read_dir(&run_dir)? {
-        let path = entry?.path();
-        if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("pgb.")) {
-            latencies.extend(parse_pgbench_log(&std::fs::read_to_string(&path)?));
-        }
-    }
-    Ok(RawLevel {
-        concurrency: c,
-        method: "pgbench",
-        seconds: secs as f64,
-        transactions: parsed.transactions,
-        claimed: 0,
-        failed: parsed.failed,
-        rate_per_s: parsed.tps,
-        latency: Latency::from_micros(latencies),
-        available_before: 0,
-        cpu: None,
-    })
-}
-
-/// What pgbench's summary says.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PgbenchSummary {
-    /// `tps = … (without initial connection time)`.
-    pub tps: f64,
-    /// `number of transactions actually processed`.
-    pub transactions: u64,
-    /// `number of failed transactions` (PostgreSQL 15+; 0 before).
-    pub failed: u64,
-}
-
-/// Parses pgbench's summary output.
-pub fn parse_pgbench(stdout: &str) -> Option<PgbenchSummary> {
-    let number_after = |line: &str, key: &str| -> Option<f64> {
-        let rest = line.trim().strip_prefix(key)?;
-        rest.trim_start_matches([' ', '=', ':']).split(|c: char| c.is_whitespace() || c == '/').next()?.parse().ok()
-    };
-    let mut tps = None;
-    let mut transactions = None;
-    let mut failed = 0;
-    for line in stdout.lines() {
-        if line.starts_with("tps") {
-            // Prefer the figure without connection time; older versions print both.
-            if tps.is_none() || line.contains("without") || line.contains("excluding") {
-                tps = number_after(line, "tps").or(tps);
-            }
-        } else if let Some(n) = number_after(line, "number of transactions actually processed") {
-            transactions = Some(n as u64);
-        } else if let Some(n) = number_after(line, "number of failed transactions") {
-            failed = n as u64;
-        }
-    }
-    Some(PgbenchSummary { tps: tps?, transactions: transactions?, failed })
-}
-
-/// Latencies (µs) of a pgbench `-l` log: `client_id transaction_no time script_no time_epoch time_us`.
-pub fn parse_pgbench_log(text: &str) -> Vec<u64> {
-    text.lines().filter_map(|line| line.split_whitespace().nth(2)?.parse::<u64>().ok()).collect()
-}
-
-async fn sqlx_level(
-    connect: &PgConnectOptions,
-    pool: &Pool,
-    c: usize,
-    secs: u64,
-    progress: bool,
-) -> anyhow::Result<RawLevel> {
-    let db = PgPoolOptions::new().max_connections(c as u32).connect_with(connect.clone()).await?;
-    let mut conns = Vec::with_capacity(c);
-    for _ in 0..c {
-        conns.push(db.acquire().await?);
-    }
-    let bar = super::bar(progress, &format!("sqlx c={c}"), secs, "s");
-    let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs(secs);
-    let (stop, tick) = ticker(bar, started, done.clone(), secs * 1000);
-    let lease = pool.settings.lease_ttl.as_secs_f64();
-    let pool_id = pool.id;
-    let mut tasks = tokio::task::JoinSet::new();
-    for mut conn in conns {
-        let done = done.clone();
-        tasks.spawn(async move {
-            let (mut lat, mut failed, mut n) = (Vec::new(), 0u64, 0u64);
-            while Instant::now() < deadline {
-                let t0 = Instant::now();
-                let res = sqlx::query(sqlx::AssertSqlSafe(crate::cif::store::reserve_sql()))
-                    .bind(1_i64)
-                    .bind(lease)
-                    .bind(pool_id)
-                    .bind(HOLDER)
-                    .fetch_optional(&mut *conn)
-                    .await;
-                n += 1;
-                match res {
-                    Ok(_) => {
-                        lat.push(t0.elapsed().as_micros() as u64);
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(_) => failed += 1,
-                }
-            }
-            (lat, failed, n)
-        });
-    }
-    let (mut lat, mut failed, mut n) = (Vec::new(), 0, 0);
-    while let Some(r) = tasks.join_next().await {
-        if let Ok((l, f, k)) = r {
-            lat.extend(l);
-            failed += f;
-            n += k;
-        }
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    let _ = stop.send(());
-    let _ = tick.await;
-    db.close().await;
-    Ok(RawLevel {
-        concurrency: c,
-        method: "sqlx",
-        seconds,
-        transactions: n,
-        claimed: 0,
-        failed,
-        rate_per_s: (n - failed) as f64 / seconds,
-        latency: Latency::from_micros(lat),
-        available_before: 0,
-        cpu: None,
-    })
 }
 
 /// The summary table of a report.
@@ -787,40 +508,4 @@ fn raw_name(report: &BenchReport<ReserveResults>) -> String {
 
 fn seconds(report: &BenchReport<ReserveResults>) -> u64 {
     report.parameters["seconds_per_level"].as_u64().unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_pgbench_15_output() {
-        let out = "transaction type: claim.sql\nscaling factor: 1\nquery mode: prepared\nnumber of clients: 16\n\
-                   number of threads: 2\nmaximum number of tries: 1\nduration: 5 s\n\
-                   number of transactions actually processed: 51234\nnumber of failed transactions: 0 (0.000%)\n\
-                   latency average = 1.561 ms\ninitial connection time = 12.345 ms\n\
-                   tps = 10246.800000 (without initial connection time)\n";
-        let s = parse_pgbench(out).unwrap();
-        assert_eq!(s, PgbenchSummary { tps: 10246.8, transactions: 51234, failed: 0 });
-        let old = "number of transactions actually processed: 10/10\ntps = 5.0 (including connections establishing)\n\
-                   tps = 6.0 (excluding connections establishing)\n";
-        let s = parse_pgbench(old).unwrap();
-        assert_eq!(s.transactions, 10);
-        assert_eq!(s.tps, 6.0);
-    }
-
-    #[test]
-    fn parses_pgbench_log() {
-        assert_eq!(
-            parse_pgbench_log("0 1 1234 0 1700000000 123\n0 2 failed 0 1700000000 456\n1 1 99 0 1 2\n"),
-            [1234, 99]
-        );
-    }
-
-    #[test]
-    fn script_has_no_positional_binds() {
-        let s = pgbench_script();
-        assert!(!s.contains('$'), "{s}");
-        assert!(s.contains(":pool_id") && s.contains(":lease::float8") && s.trim_end().ends_with(';'));
-    }
 }

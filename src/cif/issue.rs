@@ -1,0 +1,54 @@
+//! The CIF operations the API offers, with their bookkeeping: a reservation is timed and counted and
+//! triggers a depth check; a claim that finds the pool empty is counted and starts a refill; a
+//! confirmation is counted. Handlers call these; the SQL lives in [`crate::cif::store`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::cif::store::{self, Confirmed, Reserved};
+use crate::cif::{Pool, upkeep};
+
+/// Reserves one code of `pool` for `holder` (see [`store::reserve`] for idempotency).
+pub async fn reserve(
+    db: &PgPool,
+    pool: &Arc<Pool>,
+    holder: Option<&str>,
+    idempotency_key: Option<&str>,
+) -> Result<Reserved, sqlx::Error> {
+    let started = Instant::now();
+    let outcome = store::reserve(db, pool, holder, idempotency_key).await?;
+    let name = pool.name().to_string();
+    metrics::histogram!("cifpool_reservation_duration_seconds", "pool" => name.clone())
+        .record(started.elapsed().as_secs_f64());
+    match &outcome {
+        Reserved::Created(_) => {
+            metrics::counter!("cifpool_reservations_total", "pool" => name).increment(1);
+            upkeep::after_claim(db, pool);
+        }
+        Reserved::Empty => {
+            metrics::counter!("cifpool_pool_empty_total", "pool" => name).increment(1);
+            upkeep::on_empty(db, pool);
+        }
+        Reserved::Replayed(_) | Reserved::KeyReused { .. } => {}
+    }
+    Ok(outcome)
+}
+
+/// Confirms the code at `counter` for its holder `token` (see [`store::confirm`]); counts first
+/// confirmations, not retried ones.
+pub async fn confirm(
+    db: &PgPool,
+    pool: &Pool,
+    counter: i64,
+    token: Uuid,
+    customer_ref: Option<&str>,
+) -> Result<Confirmed, sqlx::Error> {
+    let outcome = store::confirm(db, pool, counter, token, customer_ref).await?;
+    if let Confirmed::Now(_) = outcome {
+        metrics::counter!("cifpool_confirmations_total", "pool" => pool.name().to_string()).increment(1);
+    }
+    Ok(outcome)
+}

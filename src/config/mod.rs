@@ -1,0 +1,258 @@
+//! Typed configuration, layered: the compiled-in `config/default.toml`, then an optional file, then
+//! environment variables `CIFPOOL_<SECTION>__<KEY>`.
+//!
+//! Secrets (`database.url` may carry a password, `security.admin_token`) are [`SecretString`]s: they
+//! never show up in `Debug`, logs or `cifpool config check`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize, Serializer};
+
+mod pools;
+mod queue;
+
+pub use pools::PoolSettings;
+pub use queue::{ClassSettings, OverloadMode, ProviderKind, ProviderSettings, QueueSettings};
+
+/// The defaults, compiled in so the binary works from any directory (and in a container).
+pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
+
+/// Prefix of the environment variables that override configuration keys.
+pub const ENV_PREFIX: &str = "CIFPOOL";
+
+/// Why a configuration could not be loaded; the message names the offending key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A layer could not be read or parsed, or a value has the wrong type.
+    #[error("{0}")]
+    Load(#[from] config::ConfigError),
+    /// A value parsed but breaks a rule.
+    #[error("invalid configuration: {key}: {message}")]
+    Invalid {
+        /// Dotted path of the key, e.g. `server.body_limit_bytes`.
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+/// The whole effective configuration.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// `[server]`: listen address, timeouts, body limit, shutdown grace.
+    pub server: ServerSettings,
+    /// Postgres, external or embedded.
+    pub database: DatabaseSettings,
+    /// `[log]`: format and filter.
+    pub log: LogSettings,
+    /// Secrets and key material locations.
+    pub security: SecuritySettings,
+    /// CIF pools, one per customer type (`[[pools]]`).
+    #[serde(default)]
+    pub pools: Vec<PoolSettings>,
+    /// `[queue]`: the notification queue, its classes, worker groups and providers.
+    pub queue: QueueSettings,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Address to bind.
+    pub listen: SocketAddr,
+    /// Per-request deadline.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Largest request body for ordinary endpoints.
+    pub body_limit_bytes: usize,
+    /// Grace period for a graceful shutdown.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+/// `[database]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// External Postgres URL; `None` means the embedded cluster.
+    #[serde(default, serialize_with = "redact_url")]
+    pub url: Option<SecretString>,
+    /// Data directory of the embedded cluster.
+    pub data_dir: PathBuf,
+    /// Most connections this instance opens (each pod's share of the server's `max_connections`).
+    pub max_connections: u32,
+    /// Connections kept open while idle.
+    pub min_connections: u32,
+    /// Longest wait for a pooled connection.
+    #[serde(with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+    /// Server-side statement timeout for request work.
+    #[serde(with = "humantime_serde")]
+    pub statement_timeout: Duration,
+    /// How long start-up waits for an unreachable database before giving up.
+    #[serde(with = "humantime_serde")]
+    pub startup_timeout: Duration,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// Output format.
+    pub format: LogFormat,
+    /// `tracing` filter directive.
+    pub level: String,
+}
+
+/// `[security]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecuritySettings {
+    /// Bearer token for `/admin`; admin endpoints answer 401 to everyone while it is unset.
+    #[serde(default, serialize_with = "redact")]
+    pub admin_token: Option<SecretString>,
+    /// File holding the hex master key.
+    #[serde(default)]
+    pub master_key_file: Option<PathBuf>,
+}
+
+pub(crate) fn redact<S: Serializer>(value: &Option<SecretString>, s: S) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(_) => s.serialize_str("[redacted]"),
+        None => s.serialize_none(),
+    }
+}
+
+/// Shows where the database is without its password.
+fn redact_url<S: Serializer>(value: &Option<SecretString>, s: S) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(url) => s.serialize_str(&redacted_url(url.expose_secret())),
+        None => s.serialize_none(),
+    }
+}
+
+/// `postgres://user:pw@host/db` → `postgres://user:[redacted]@host/db`; anything unparseable is fully redacted.
+pub fn redacted_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "[redacted]".into();
+    };
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            let masked = if userinfo.contains(':') { format!("{user}:[redacted]") } else { user.to_string() };
+            // Query parameters may carry `password=`: drop the whole query to be safe.
+            let path = tail.split('?').next().unwrap_or("");
+            format!("{scheme}://{masked}@{host}{path}")
+        }
+        None => format!("{scheme}://{authority}{}", tail.split('?').next().unwrap_or("")),
+    }
+}
+
+impl Settings {
+    /// Loads defaults, then `file` (if any), then the process environment.
+    pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
+        Self::load_with_env(file, std::env::vars())
+    }
+
+    /// Like [`Settings::load`] with an explicit environment, so tests need not mutate the process's.
+    pub fn load_with_env(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, ConfigError> {
+        let mut builder =
+            config::Config::builder().add_source(config::File::from_str(DEFAULT_TOML, config::FileFormat::Toml));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::Invalid {
+                    key: "--config".into(),
+                    message: format!("{} is not a readable file", path.display()),
+                });
+            }
+            builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
+        }
+        // Only `CIFPOOL_<SECTION>__<KEY>` maps onto keys; other CIFPOOL_* variables (CIFPOOL_MASTER_KEY,
+        // CIFPOOL_CONFIG) have their own readers and must not trip `deny_unknown_fields`.
+        let prefix = format!("{ENV_PREFIX}_");
+        let overrides: HashMap<String, String> = env
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let rest = k.strip_prefix(&prefix)?;
+                rest.contains("__").then(|| (rest.to_ascii_lowercase().replace("__", "."), v))
+            })
+            .collect();
+        for (key, value) in overrides {
+            builder = builder.set_override(key, value)?;
+        }
+        let settings: Settings = builder.build()?.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Rules serde cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn invalid(key: &str, message: impl Into<String>) -> Result<(), ConfigError> {
+            Err(ConfigError::Invalid { key: key.into(), message: message.into() })
+        }
+        if self.server.body_limit_bytes < 1024 {
+            return invalid("server.body_limit_bytes", "must be at least 1024");
+        }
+        if self.server.request_timeout.is_zero() {
+            return invalid("server.request_timeout", "must be greater than zero");
+        }
+        let db = &self.database;
+        if db.max_connections == 0 {
+            return invalid("database.max_connections", "must be at least 1");
+        }
+        if db.min_connections > db.max_connections {
+            return invalid("database.min_connections", "must not exceed database.max_connections");
+        }
+        if db.acquire_timeout.is_zero() {
+            return invalid("database.acquire_timeout", "must be greater than zero");
+        }
+        if let Some(url) = &db.url {
+            let url = url.expose_secret();
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return invalid("database.url", "must start with postgres:// or postgresql://");
+            }
+        }
+        if let Err(e) = self.log.level.parse::<tracing_subscriber::EnvFilter>() {
+            return invalid("log.level", format!("not a tracing filter: {e}"));
+        }
+        if let Some(token) = &self.security.admin_token
+            && token.expose_secret().len() < 16
+        {
+            return invalid("security.admin_token", "must be at least 16 characters");
+        }
+        pools::validate(&self.pools)?;
+        self.queue.validate()
+    }
+
+    /// The pool serving `customer_type`.
+    pub fn pool(&self, customer_type: &str) -> Option<&PoolSettings> {
+        self.pools.iter().find(|p| p.name == customer_type)
+    }
+
+    /// The effective configuration as TOML, secrets redacted (for `cifpool config check`).
+    pub fn to_redacted_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# could not render configuration: {e}\n"))
+    }
+}

@@ -1,0 +1,112 @@
+//! `[[pools]]`: one CIF pool per customer type, and the rules a set of pools must keep.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+use crate::code::check::CheckScheme;
+use crate::code::format::CodeFormat;
+
+/// `[[pools]]`: one customer type's code pool.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSettings {
+    /// Customer type served by this pool (`customer_type` in the API), e.g. `individual`.
+    pub name: String,
+    /// 0–6 leading digits. Pinned once the pool has issued codes.
+    #[serde(default)]
+    pub prefix: String,
+    /// Scrambled digits per code (6–18). Pinned.
+    pub digits: u32,
+    /// Check-digit scheme. Pinned.
+    #[serde(default)]
+    pub check: CheckScheme,
+    /// Label mixed into the pool's key derivation; a pool is re-keyed only by creating a new pool. Pinned.
+    pub key_id: String,
+    /// Refill when fewer codes than this are available.
+    pub low_watermark: u64,
+    /// Codes generated per refill transaction.
+    pub batch_size: u32,
+    /// Upper bound of batches per refill run, so an empty pool does not get one giant insert.
+    pub max_batches_per_run: u32,
+    /// How long a reservation holds a code before reclaim may take it back.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// Cron (with seconds) of the scheduled refill check.
+    pub refill_schedule: String,
+    /// Cron (with seconds) of the scheduled reclaim of expired holds.
+    pub reclaim_schedule: String,
+}
+
+impl PoolSettings {
+    /// The pool's code format.
+    pub fn format(&self) -> Result<CodeFormat, crate::code::format::FormatError> {
+        CodeFormat::new(self.prefix.clone(), self.digits, self.check)
+    }
+}
+
+/// `[[pools]]` rules: names, formats, sizes, schedules, and no two pools whose codes could collide.
+pub(super) fn validate(pools: &[PoolSettings]) -> Result<(), ConfigError> {
+    let invalid =
+        |i: usize, field: &str, message: String| ConfigError::Invalid { key: format!("pools[{i}].{field}"), message };
+    let mut formats = Vec::with_capacity(pools.len());
+    for (i, pool) in pools.iter().enumerate() {
+        let name_ok = !pool.name.is_empty()
+            && pool.name.len() <= 64
+            && pool.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if !name_ok {
+            return Err(invalid(i, "name", format!("{:?} must be 1-64 characters of a-z, 0-9, _ or -", pool.name)));
+        }
+        if pools[..i].iter().any(|p| p.name == pool.name) {
+            return Err(invalid(i, "name", format!("pool {:?} is defined twice", pool.name)));
+        }
+        let format = pool.format().map_err(|e| {
+            let field = if matches!(e, crate::code::format::FormatError::Digits { .. }) { "digits" } else { "prefix" };
+            invalid(i, field, e.to_string())
+        })?;
+        if pool.key_id.trim().is_empty() || pool.key_id.len() > 64 {
+            return Err(invalid(i, "key_id", "must be 1-64 characters".into()));
+        }
+        if pool.low_watermark == 0 {
+            return Err(invalid(i, "low_watermark", "must be at least 1".into()));
+        }
+        if !(1..=100_000).contains(&pool.batch_size) {
+            return Err(invalid(i, "batch_size", "must be between 1 and 100000".into()));
+        }
+        if !(1..=10_000).contains(&pool.max_batches_per_run) {
+            return Err(invalid(i, "max_batches_per_run", "must be between 1 and 10000".into()));
+        }
+        if pool.lease_ttl < Duration::from_secs(1) {
+            return Err(invalid(i, "lease_ttl", "must be at least 1s".into()));
+        }
+        for (field, schedule) in
+            [("refill_schedule", &pool.refill_schedule), ("reclaim_schedule", &pool.reclaim_schedule)]
+        {
+            crate::schedule::validate_cron(schedule).map_err(|e| invalid(i, field, e))?;
+        }
+        // Two pools whose codes have the same length and one prefix starting the other could
+        // produce the same string: refuse, since a code must identify its pool.
+        if let Some((j, other)) = pools[..i].iter().enumerate().find(|(j, other)| {
+            let o: &CodeFormat = &formats[*j];
+            o.total_len() == format.total_len()
+                && (other.prefix.starts_with(&pool.prefix) || pool.prefix.starts_with(&other.prefix))
+        }) {
+            return Err(invalid(
+                i,
+                "prefix",
+                format!(
+                    "code space of pool {:?} (prefix {:?}, {} characters) overlaps pool {:?} (pools[{j}], prefix {:?}): \
+                     give them prefixes where neither starts the other, or different lengths",
+                    pool.name,
+                    pool.prefix,
+                    format.total_len(),
+                    other.name,
+                    other.prefix
+                ),
+            ));
+        }
+        formats.push(format);
+    }
+    Ok(())
+}

@@ -1,0 +1,216 @@
+//! `[queue]`: the notification queue, its classes, worker groups and providers, and the rules they
+//! must keep together.
+
+use std::time::Duration;
+
+use secrecy::SecretString;
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, redact};
+
+/// `[queue]`: the notification queue, its classes, worker groups and providers.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSettings {
+    /// Run the workers in `cifpool serve` (the enqueue API is always on).
+    pub workers_enabled: bool,
+    /// Strategy preset used when `groups` is empty.
+    pub strategy: crate::queue::policy::Strategy,
+    /// Total workers of the preset.
+    pub workers: usize,
+    /// Workers reserved for `urgent_classes` (bulkhead and floor-borrow presets).
+    pub reserved: usize,
+    /// Classes the reserved workers serve.
+    pub urgent_classes: Vec<String>,
+    /// Explicit groups; when non-empty they replace the preset.
+    #[serde(default)]
+    pub groups: Vec<crate::queue::policy::GroupPolicy>,
+    /// Longest sleep of an idle claimer between polls (NOTIFY usually wakes it sooner).
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Most jobs one claim statement takes for a group's idle workers.
+    pub claim_batch: usize,
+    /// Lease of a claimed job; must exceed the slowest provider timeout (heartbeats extend it).
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// Cron of the maintenance sweep (expired leases, overdue jobs).
+    pub sweep_schedule: String,
+    /// What intake does for a class whose predicted wait exceeds its target: `reject` (429) or
+    /// `defer` (accept with `run_after` pushed back by the predicted wait).
+    pub overload: OverloadMode,
+    /// Largest batch accepted by `POST /v1/notifications/batch`.
+    pub max_batch: usize,
+    /// Body limit of the batch endpoint, in bytes.
+    pub batch_body_limit_bytes: usize,
+    /// Request deadline of the batch endpoint (a 500,000-job batch takes seconds).
+    #[serde(with = "humantime_serde")]
+    pub batch_timeout: Duration,
+    /// Finished jobs (sent, dead, expired) and their results are deleted after this long.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// Tenant weights for fair turns (default 1; a tier may weigh more).
+    #[serde(default)]
+    pub tenant_weights: std::collections::BTreeMap<String, f64>,
+    /// Message classes (`[[queue.classes]]`), each with its priority, provider and limits.
+    pub classes: Vec<ClassSettings>,
+    /// Providers by name (`[queue.providers.NAME]`), referenced by the classes.
+    pub providers: std::collections::BTreeMap<String, ProviderSettings>,
+}
+
+impl QueueSettings {
+    /// The groups to run: explicit `[[queue.groups]]`, else the strategy preset (empty groups dropped).
+    pub fn group_policies(&self) -> Vec<crate::queue::policy::GroupPolicy> {
+        if !self.groups.is_empty() {
+            return self.groups.clone();
+        }
+        let all: Vec<String> = self.classes.iter().map(|c| c.name.clone()).collect();
+        self.strategy
+            .groups(self.workers, self.reserved, &self.urgent_classes, &all)
+            .into_iter()
+            .filter(|g| g.size > 0)
+            .collect()
+    }
+}
+
+/// Intake behaviour under overload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OverloadMode {
+    /// Answer 429 with `Retry-After`.
+    Reject,
+    /// Accept, scheduled after the predicted wait.
+    Defer,
+}
+
+/// `[[queue.classes]]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassSettings {
+    /// Class name, e.g. `otp`.
+    pub name: String,
+    /// 0 = most urgent.
+    pub priority: i16,
+    /// Provider name (a key of `[queue.providers]`).
+    pub provider: String,
+    /// Attempts before a job goes to the dead-letter queue.
+    pub max_attempts: u32,
+    /// A job not sent within this time after creation expires instead (unset: no deadline).
+    #[serde(default, with = "humantime_serde")]
+    pub deadline: Option<Duration>,
+    /// First retry delay; doubles per attempt, capped, with full jitter.
+    #[serde(with = "humantime_serde")]
+    pub backoff_base: Duration,
+    /// Largest retry delay.
+    #[serde(with = "humantime_serde")]
+    pub backoff_cap: Duration,
+    /// Intake sheds this class when the predicted wait exceeds it (unset: always accepted).
+    #[serde(default, with = "humantime_serde")]
+    pub target_wait: Option<Duration>,
+    /// Most jobs of one tenant in flight at once in this class.
+    pub tenant_inflight_cap: u32,
+}
+
+/// How a provider delivers messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderKind {
+    /// JSON over HTTP (`POST {url}/send`); `cifpool fake-provider` speaks it.
+    Http,
+    /// Accepts everything and sends nothing (development only; logged loudly).
+    Noop,
+}
+
+/// `[queue.providers.NAME]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSettings {
+    /// How messages are delivered: `http` or `noop`.
+    pub kind: ProviderKind,
+    /// Base URL (http).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Per-call timeout.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Concurrency ceiling (the provider's real capacity).
+    pub max_concurrency: u32,
+    /// Concurrency floor the adaptive limit never cuts below.
+    pub min_concurrency: u32,
+    /// Value of the `Authorization` header sent with each call (e.g. `Bearer …`); a secret, so set it
+    /// through `CIFPOOL_QUEUE__PROVIDERS__<NAME>__AUTHORIZATION`.
+    #[serde(default, serialize_with = "redact")]
+    pub authorization: Option<SecretString>,
+}
+
+impl QueueSettings {
+    /// `[queue]` rules: classes, providers, groups and limits that fit together.
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let q = self;
+        let invalid = |key: String, message: String| Err(ConfigError::Invalid { key, message });
+        if q.classes.is_empty() {
+            return invalid("queue.classes".into(), "at least one class is required".into());
+        }
+        for (i, c) in q.classes.iter().enumerate() {
+            if c.name.is_empty() || q.classes[..i].iter().any(|o| o.name == c.name) {
+                return invalid(format!("queue.classes[{i}].name"), "must be non-empty and unique".into());
+            }
+            if !q.providers.contains_key(&c.provider) {
+                return invalid(format!("queue.classes[{i}].provider"), format!("no provider named {:?}", c.provider));
+            }
+            if c.max_attempts == 0 {
+                return invalid(format!("queue.classes[{i}].max_attempts"), "must be at least 1".into());
+            }
+            if c.backoff_base.is_zero() || c.backoff_cap < c.backoff_base {
+                return invalid(
+                    format!("queue.classes[{i}].backoff_cap"),
+                    "needs 0 < backoff_base <= backoff_cap".into(),
+                );
+            }
+            if c.tenant_inflight_cap == 0 {
+                return invalid(format!("queue.classes[{i}].tenant_inflight_cap"), "must be at least 1".into());
+            }
+        }
+        for (name, p) in &q.providers {
+            if p.kind == ProviderKind::Http && p.url.as_deref().is_none_or(|u| !u.starts_with("http")) {
+                return invalid(format!("queue.providers.{name}.url"), "an http provider needs an http(s) URL".into());
+            }
+            if p.min_concurrency == 0 || p.min_concurrency > p.max_concurrency {
+                return invalid(
+                    format!("queue.providers.{name}.min_concurrency"),
+                    "needs 1 <= min <= max_concurrency".into(),
+                );
+            }
+            if p.timeout >= q.lease {
+                return invalid(format!("queue.providers.{name}.timeout"), "must be shorter than queue.lease".into());
+            }
+        }
+        for (i, g) in q.groups.iter().enumerate() {
+            if g.size == 0 {
+                return invalid(format!("queue.groups[{i}].size"), "must be at least 1".into());
+            }
+            if let Some(c) = g.classes.iter().find(|c| !q.classes.iter().any(|k| &k.name == *c)) {
+                return invalid(format!("queue.groups[{i}].classes"), format!("unknown class {c:?}"));
+            }
+        }
+        if q.groups.is_empty() && (q.workers == 0 || q.reserved > q.workers) {
+            return invalid("queue.reserved".into(), "needs 0 <= reserved <= workers and workers >= 1".into());
+        }
+        if let Some(c) = q.urgent_classes.iter().find(|c| !q.classes.iter().any(|k| &k.name == *c)) {
+            return invalid("queue.urgent_classes".into(), format!("unknown class {c:?}"));
+        }
+        // Every class needs at least one worker, or its messages would wait forever.
+        let groups = q.group_policies();
+        if let Some(c) = q.classes.iter().find(|c| !groups.iter().any(|g| g.size > 0 && g.takes(&c.name))) {
+            let key = if q.groups.is_empty() { "queue.reserved" } else { "queue.groups" };
+            return invalid(key.into(), format!("no worker group with workers takes class {:?}", c.name));
+        }
+        if q.claim_batch == 0 || q.max_batch == 0 {
+            return invalid("queue.claim_batch".into(), "claim_batch and max_batch must be at least 1".into());
+        }
+        crate::schedule::validate_cron(&q.sweep_schedule).or_else(|e| invalid("queue.sweep_schedule".into(), e))?;
+        if let Some((t, w)) = q.tenant_weights.iter().find(|(_, w)| !(**w > 0.0 && w.is_finite())) {
+            return invalid(format!("queue.tenant_weights.{t}"), format!("{w} must be a positive number"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,259 @@
+//! Intake: what a client may enqueue and whether the queue takes it now. Jobs are validated against
+//! the configured classes, admitted or shed by the class's predicted wait (backpressure), then
+//! inserted by [`crate::queue::enqueue`]; the outcome is counted per class.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use sqlx::PgPool;
+
+use crate::config::OverloadMode;
+use crate::queue::enqueue;
+use crate::queue::runtime::QueueRuntime;
+use crate::queue::stats::QueueStats;
+
+/// Longest recipient.
+pub const MAX_RECIPIENT: usize = 256;
+/// Longest tenant name / idempotency key.
+pub const MAX_LABEL: usize = 128;
+/// A message to enqueue.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NewJob {
+    /// Class, e.g. `otp`.
+    pub class: String,
+    /// Tenant (the product or customer the message belongs to).
+    pub tenant: String,
+    /// Phone number, device token, ….
+    pub recipient: String,
+    /// Message body / template data: any JSON, kept as the text it arrived as (Postgres stores it as
+    /// `jsonb`), so a 500,000-job batch is not parsed into values only to be printed again.
+    #[serde(default = "null_payload")]
+    pub payload: Box<RawValue>,
+    /// Same key (per tenant) again returns the existing job.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+/// JSON `null`, the payload of a job that gives none.
+pub fn null_payload() -> Box<RawValue> {
+    RawValue::from_string("null".to_string()).expect("null is JSON")
+}
+
+/// A payload from a JSON value (callers that build jobs in code).
+pub fn payload_of(value: &serde_json::Value) -> Box<RawValue> {
+    serde_json::value::to_raw_value(value).expect("a Value always serialises")
+}
+
+/// Why a job was refused at intake (422).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+impl NewJob {
+    /// Trims the label-like fields, so `" bank"` and `"bank"` are one tenant.
+    pub fn normalize(&mut self) {
+        for field in [&mut self.tenant, &mut self.recipient] {
+            let trimmed = field.trim();
+            if trimmed.len() != field.len() {
+                *field = trimmed.to_string();
+            }
+        }
+    }
+
+    /// Checks the job against the configured classes.
+    pub fn validate(&self, rt: &QueueRuntime) -> Result<(), Invalid> {
+        if !rt.classes.contains_key(&self.class) {
+            let known: Vec<&str> = rt.classes.keys().map(String::as_str).collect();
+            return Err(Invalid(format!("unknown class {:?}; known classes: {}", self.class, known.join(", "))));
+        }
+        use crate::validate;
+        validate::text("recipient", &self.recipient, MAX_RECIPIENT).map_err(Invalid)?;
+        validate::text("tenant", &self.tenant, MAX_LABEL).map_err(Invalid)?;
+        if let Some(key) = &self.idempotency_key {
+            validate::text("idempotency_key", key, MAX_LABEL).map_err(Invalid)?;
+        }
+        validate::json_text("payload", self.payload.get()).map_err(Invalid)
+    }
+}
+
+/// Intake's decision for a class.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Admission {
+    /// Take it now.
+    Accept,
+    /// Take it, scheduled after this delay (`overload = "defer"`).
+    Defer(Duration),
+    /// Refuse: come back after this long (429).
+    Reject(Duration),
+}
+
+/// Decides whether `class` is accepted, from its predicted wait (pending ahead / recent drain rate)
+/// against its `target_wait`. Classes without a target (OTP) are always accepted.
+pub fn admit(rt: &QueueRuntime, stats: &QueueStats, class: &str) -> Admission {
+    let Some(target) = rt.classes.get(class).and_then(|c| c.settings.target_wait) else {
+        return Admission::Accept;
+    };
+    let Some(predicted) = stats.predicted_wait(class) else { return Admission::Accept };
+    if predicted <= target {
+        return Admission::Accept;
+    }
+    match rt.settings.overload {
+        OverloadMode::Reject => Admission::Reject((predicted - target).max(Duration::from_secs(1))),
+        OverloadMode::Defer => Admission::Defer(predicted - target),
+    }
+}
+
+/// Why intake refused a submission.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// A job breaks a rule (unknown class, bad text, bad payload); the message names the job and field.
+    #[error("{0}")]
+    Invalid(String),
+    /// A batch holds more jobs than `queue.max_batch`.
+    #[error("a batch holds at most {max} jobs, got {got}")]
+    TooMany {
+        /// `queue.max_batch`.
+        max: usize,
+        /// Jobs in the request.
+        got: usize,
+    },
+    /// The class is over its target wait and intake sheds it: retry after the delay.
+    #[error("class {class:?} is over its target wait; retry later")]
+    Overloaded {
+        /// The class shed.
+        class: String,
+        /// When to come back.
+        retry_after: Duration,
+    },
+    /// The database failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// What [`submit_one`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Submitted {
+    /// The job's id.
+    pub id: i64,
+    /// False when the idempotency key matched an existing job, which is returned instead.
+    pub created: bool,
+}
+
+fn delay_or_shed(rt: &QueueRuntime, stats: &QueueStats, class: &str, jobs: u64) -> Result<Duration, SubmitError> {
+    match admit(rt, stats, class) {
+        Admission::Accept => Ok(Duration::ZERO),
+        Admission::Defer(delay) => Ok(delay),
+        Admission::Reject(retry_after) => {
+            metrics::counter!("cifpool_queue_rejected_total", "class" => class.to_string()).increment(jobs);
+            Err(SubmitError::Overloaded { class: class.to_string(), retry_after })
+        }
+    }
+}
+
+/// Validates and enqueues one job. A repeated idempotency key returns the existing job, even while
+/// intake is shedding its class (a retried request must get its answer).
+pub async fn submit_one(
+    db: &PgPool,
+    rt: &QueueRuntime,
+    stats: &QueueStats,
+    mut job: NewJob,
+) -> Result<Submitted, SubmitError> {
+    job.normalize();
+    job.validate(rt).map_err(|e| SubmitError::Invalid(e.0))?;
+    if let Some(key) = &job.idempotency_key
+        && let Some(id) = enqueue::existing(db, &job.tenant, key).await?
+    {
+        return Ok(Submitted { id, created: false });
+    }
+    let delay = delay_or_shed(rt, stats, &job.class, 1)?;
+    let done = enqueue::enqueue_one(db, rt, &job, delay).await?;
+    metrics::counter!("cifpool_queue_enqueued_total", "class" => job.class.clone()).increment(u64::from(done.created));
+    Ok(Submitted { id: done.id, created: done.created })
+}
+
+/// One job of a batch; `class` and `tenant` default to the batch's.
+#[derive(Debug, Deserialize)]
+pub struct BatchJob {
+    /// Class of this job, if not the batch's.
+    #[serde(default)]
+    pub class: Option<String>,
+    /// Tenant of this job, if not the batch's.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Phone number, device token, ….
+    pub recipient: String,
+    /// Message data, kept as the JSON text it arrived as.
+    #[serde(default = "null_payload")]
+    pub payload: Box<RawValue>,
+    /// Same key (per tenant) again is skipped as a duplicate.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+/// `POST /v1/notifications/batch`: jobs with batch-wide defaults.
+#[derive(Debug, Deserialize)]
+pub struct BatchRequest {
+    /// Class of every job that names none.
+    #[serde(default)]
+    pub class: Option<String>,
+    /// Tenant of every job that names none.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// The jobs, 1 to `queue.max_batch` of them.
+    pub jobs: Vec<BatchJob>,
+}
+
+/// What [`submit_batch`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSubmitted {
+    /// Jobs inserted.
+    pub accepted: u64,
+    /// Jobs skipped because their idempotency key was used before.
+    pub duplicates: u64,
+}
+
+/// Validates every job (the first bad one refuses the batch, named by its index), admits each class
+/// (one shed class refuses the batch; a deferred class defers it all by the longest delay), then
+/// inserts the batch in one transaction.
+pub async fn submit_batch(
+    db: &PgPool,
+    rt: &QueueRuntime,
+    stats: &QueueStats,
+    req: BatchRequest,
+) -> Result<BatchSubmitted, SubmitError> {
+    let max = rt.settings.max_batch;
+    if req.jobs.len() > max {
+        return Err(SubmitError::TooMany { max, got: req.jobs.len() });
+    }
+    if req.jobs.is_empty() {
+        return Err(SubmitError::Invalid("jobs must not be empty".into()));
+    }
+    let mut jobs = Vec::with_capacity(req.jobs.len());
+    for (i, j) in req.jobs.into_iter().enumerate() {
+        let mut job = NewJob {
+            class: j.class.or_else(|| req.class.clone()).unwrap_or_default(),
+            tenant: j.tenant.or_else(|| req.tenant.clone()).unwrap_or_default(),
+            recipient: j.recipient,
+            payload: j.payload,
+            idempotency_key: j.idempotency_key,
+        };
+        job.normalize();
+        job.validate(rt).map_err(|e| SubmitError::Invalid(format!("jobs[{i}]: {}", e.0)))?;
+        jobs.push(job);
+    }
+    let mut classes: Vec<&str> = jobs.iter().map(|j| j.class.as_str()).collect();
+    classes.sort_unstable();
+    classes.dedup();
+    let mut delay = Duration::ZERO;
+    for class in &classes {
+        delay = delay.max(delay_or_shed(rt, stats, class, jobs.len() as u64)?);
+    }
+    let per_class: BTreeMap<String, u64> = enqueue::enqueue_batch(db, rt, &jobs, delay).await?;
+    for (class, n) in &per_class {
+        metrics::counter!("cifpool_queue_enqueued_total", "class" => class.clone()).increment(*n);
+    }
+    let accepted: u64 = per_class.values().sum();
+    Ok(BatchSubmitted { accepted, duplicates: jobs.len() as u64 - accepted })
+}

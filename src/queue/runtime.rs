@@ -1,0 +1,87 @@
+//! The queue as one instance runs it: classes with their providers and limits, and the worker groups
+//! of the configured strategy.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ClassSettings, QueueSettings};
+use crate::queue::policy::GroupPolicy;
+use crate::queue::provider::{ProviderHandle, build_providers};
+use crate::queue::worker::WorkerGroup;
+
+/// A class as workers see it: its configuration and the provider (with its limit) it sends through.
+pub struct ClassRuntime {
+    /// Priority, attempts, deadline, backoff, intake target, tenant cap.
+    pub settings: ClassSettings,
+    /// Shared with every other class configured on the same provider, so they share its limit.
+    pub provider: Arc<ProviderHandle>,
+}
+
+/// Classes, providers and settings shared by every group of an instance.
+pub struct QueueRuntime {
+    /// The `[queue]` section this runtime was built from.
+    pub settings: QueueSettings,
+    /// Classes by name (a `BTreeMap`, so metrics and listings come out sorted).
+    pub classes: BTreeMap<String, ClassRuntime>,
+    /// Providers by name, each with its adaptive concurrency limit.
+    pub providers: BTreeMap<String, Arc<ProviderHandle>>,
+    /// Wakes idle claimers when the LISTEN relay hears of new jobs.
+    pub wake: Notify,
+}
+
+impl QueueRuntime {
+    /// Builds providers and classes from settings.
+    pub fn new(settings: QueueSettings) -> Arc<QueueRuntime> {
+        let providers = build_providers(&settings.providers);
+        Self::with_providers(settings, providers)
+    }
+
+    /// Like [`QueueRuntime::new`] with given providers (tests, the lab).
+    pub fn with_providers(
+        settings: QueueSettings,
+        providers: BTreeMap<String, Arc<ProviderHandle>>,
+    ) -> Arc<QueueRuntime> {
+        let classes = settings
+            .classes
+            .iter()
+            .map(|c| {
+                let provider = providers.get(&c.provider).expect("validated: class provider exists").clone();
+                (c.name.clone(), ClassRuntime { settings: c.clone(), provider })
+            })
+            .collect();
+        Arc::new(QueueRuntime { settings, classes, providers, wake: Notify::new() })
+    }
+
+    /// The groups to run (see [`QueueSettings::group_policies`]).
+    pub fn group_policies(&self) -> Vec<GroupPolicy> {
+        self.settings.group_policies()
+    }
+
+    /// Starts every worker group of [`QueueRuntime::group_policies`] and the NOTIFY relay that wakes
+    /// their idle claimers (unless `queue.workers_enabled` is off); each stops at `stop`, handing
+    /// back sends that outlive `grace`.
+    pub fn spawn_workers(
+        self: &Arc<Self>,
+        db: &PgPool,
+        grace: Duration,
+        stop: &CancellationToken,
+        tasks: &mut JoinSet<()>,
+    ) {
+        if !self.settings.workers_enabled {
+            return;
+        }
+        for policy in self.group_policies() {
+            tracing::info!(group = %policy.name, size = policy.size, classes = ?policy.classes, order = ?policy.order,
+                "starting worker group");
+            let group = WorkerGroup::new(policy, db.clone(), self.clone());
+            tasks.spawn(group.run(stop.clone(), grace));
+        }
+        tasks.spawn(crate::queue::listen::relay(db.clone(), self.clone(), stop.clone()));
+    }
+}

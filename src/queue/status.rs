@@ -1,0 +1,94 @@
+//! A notification job's status, the one place its names are spelled, for Rust and for SQL.
+//!
+//! ```text
+//! pending ──claim──▶ sending ──▶ sent
+//!    ▲                 │ ├────▶ dead      (permanent error, attempts used up; replay → pending)
+//!    │                 │ └────▶ expired   (deadline passed; also straight from pending/retrying)
+//!    └── failed-retrying ◀─┘ (transient error, or a lease that expired: back after a backoff)
+//! ```
+
+use serde::Serialize;
+
+/// Where a job stands; the text form is the `status` column's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobStatus {
+    /// Waiting for its first attempt (or a replay).
+    Pending,
+    /// Waiting for another attempt after a transient failure; due at `run_after`.
+    #[serde(rename = "failed-retrying")]
+    Retrying,
+    /// Claimed by a worker under a lease; the provider call may be under way.
+    Sending,
+    /// The provider accepted it (final).
+    Sent,
+    /// Dead letter: a permanent failure or every attempt used (final until replayed).
+    Dead,
+    /// Its deadline passed before it could be sent (final).
+    Expired,
+}
+
+impl JobStatus {
+    /// The states a worker may claim from.
+    pub const WAITING: [JobStatus; 2] = [JobStatus::Pending, JobStatus::Retrying];
+    /// The states retention purges from.
+    pub const FINISHED: [JobStatus; 3] = [JobStatus::Sent, JobStatus::Dead, JobStatus::Expired];
+
+    /// The column value, e.g. `failed-retrying`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Pending => "pending",
+            JobStatus::Retrying => "failed-retrying",
+            JobStatus::Sending => "sending",
+            JobStatus::Sent => "sent",
+            JobStatus::Dead => "dead",
+            JobStatus::Expired => "expired",
+        }
+    }
+
+    /// The quoted SQL literal, e.g. `'failed-retrying'`.
+    pub fn sql(self) -> String {
+        format!("'{}'", self.as_str())
+    }
+
+    /// A comma-separated list of SQL literals, for `status IN (…)`.
+    pub fn sql_list(states: &[JobStatus]) -> String {
+        states.iter().map(|s| s.sql()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Every status, in the order of a job's life.
+    pub const ALL: [JobStatus; 6] = [
+        JobStatus::Pending,
+        JobStatus::Retrying,
+        JobStatus::Sending,
+        JobStatus::Sent,
+        JobStatus::Dead,
+        JobStatus::Expired,
+    ];
+
+    /// Parses a column value.
+    pub fn parse(text: &str) -> Option<JobStatus> {
+        JobStatus::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobStatus;
+
+    #[test]
+    fn text_sql_and_serde_agree() {
+        for s in JobStatus::ALL {
+            assert_eq!(JobStatus::parse(s.as_str()), Some(s));
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+            assert_eq!(s.sql(), format!("'{s}'"));
+        }
+        assert_eq!(JobStatus::sql_list(&JobStatus::WAITING), "'pending', 'failed-retrying'");
+    }
+}
