@@ -103,9 +103,17 @@ if [ "$ready" != 1 ]; then
   exit 1
 fi
 
+# An API key with every scope for the run, made with the bootstrap admin token. Its name is random, so a
+# generated DELETE /admin/keys/{name} cannot revoke it halfway through.
+key_name="fuzz-$(python3 -c 'import secrets; print(secrets.token_hex(12))')"
+api_key=$(curl -fsS -H "Authorization: Bearer $token" -H 'Content-Type: application/json' \
+  -d "{\"name\":\"$key_name\",\"scopes\":[\"cif:reserve\",\"cif:read\",\"notify:send\",\"notify:read\",\"admin\"]}" \
+  "$base/admin/keys" | python3 -c 'import json, sys; print(json.load(sys.stdin)["key"])')
+[ -n "$api_key" ] || { log "could not create the fuzzing API key"; exit 1; }
+
 # Seed dead letters (a replay needs at least two matching jobs to spread them over time).
 for i in 1 2 3 4; do
-  curl -fsS -o /dev/null -H 'Content-Type: application/json' \
+  curl -fsS -o /dev/null -H 'Content-Type: application/json' -H "Authorization: Bearer $api_key" \
     -d "{\"class\":\"promo\",\"tenant\":\"fuzz\",\"recipient\":\"device-$i\",\"payload\":{\"n\":$i}}" \
     "$base/v1/notifications"
 done
@@ -145,7 +153,7 @@ mkdir -p target/fuzz-state
 report_dir=${FUZZ_REPORT_DIR:+$(realpath -m "$FUZZ_REPORT_DIR")}
 (cd target/fuzz-state && exec "$root/$VENV/bin/schemathesis" run "$root/openapi.yaml" \
   --url "$base" \
-  --header "Authorization: Bearer $token" \
+  --header "Authorization: Bearer $api_key" \
   --checks "$checks" \
   --exclude-checks "$exclude" \
   --max-examples "$MAX_EXAMPLES" \

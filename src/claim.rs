@@ -157,26 +157,37 @@ impl ClaimTable {
     }
 
     /// Extends a current lease. Binds: `$1` token, `$2` lease seconds from now (`float8`), then the
-    /// caller's `key_where` parameters from `$3`. Returns the new expiry.
-    pub fn extend_sql(&self, held: &str, key_where: &str) -> String {
+    /// caller's `key_where` parameters from `$3`. Returns `returning` (the new expiry among them).
+    pub fn extend_sql(&self, held: &str, key_where: &str, returning: &str) -> String {
         let lease = self.lease;
         self.fenced_update_sql(
             held,
             key_where,
             &format!("{lease} = now() + $2::float8 * interval '1 second'"),
-            Some(lease),
+            Some(returning),
         )
     }
 
     /// Returns up to `$1` held rows whose lease has expired to `free_state`, wiping the token.
     /// `set` adds assignments (e.g. a retry time); `filter` narrows the sweep (may use `$2…`).
-    pub fn sweep_sql(&self, held: &str, free_state: &str, filter: &str, set: &str, returning: &str) -> String {
+    /// `carry` lists columns of the row as it was before the sweep (e.g. `holder`, which `set` may
+    /// wipe), which `returning` may then read as `expired.<column>`; empty for none.
+    pub fn sweep_sql(
+        &self,
+        held: &str,
+        free_state: &str,
+        filter: &str,
+        set: &str,
+        carry: &str,
+        returning: &str,
+    ) -> String {
         let ClaimTable { table, state, token, lease, .. } = *self;
         let keys = self.key.join(", ");
+        let carried = if carry.trim().is_empty() { String::new() } else { format!(", {carry}") };
         let extra_set = if set.trim().is_empty() { String::new() } else { format!(", {set}") };
         format!(
             "WITH expired AS ( \
-                SELECT {keys} FROM {table} \
+                SELECT {keys}{carried} FROM {table} \
                 WHERE {state} = {held} AND {lease} < now() AND ({filter}) \
                 ORDER BY {lease} \
                 LIMIT $1 \

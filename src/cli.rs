@@ -66,6 +66,60 @@ pub enum Command {
     /// `serve` runs, use the /admin/dlq endpoints instead).
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// API keys (connects to the database directly, like `dlq`; `/admin/keys` does the same over HTTP).
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Search the audit trail, newest first (one JSON object per line).
+    Audit(AuditArgs),
+}
+
+/// `cifpool keys …`
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Create a key and print its secret once (it is not stored; keep it in your secret store).
+    Create {
+        /// Unique name, 1-64 characters of A-Z a-z 0-9 . _ : - (the actor in the audit trail).
+        name: String,
+        /// Scopes: cif:reserve, cif:read, notify:send, notify:read, admin (comma-separated).
+        #[arg(long, value_delimiter = ',', required = true)]
+        scopes: Vec<String>,
+        /// Tenants the key may act for (comma-separated); leave out for a trusted service.
+        #[arg(long, value_delimiter = ',')]
+        tenants: Option<Vec<String>>,
+    },
+    /// List every key (names, scopes, tenants, use and revocation; never secrets).
+    List,
+    /// Revoke a key: every pod refuses it within 5 seconds.
+    Revoke {
+        /// The key's name.
+        name: String,
+    },
+}
+
+/// `cifpool audit …`: the filters of `GET /admin/audit`.
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Only events of this code.
+    #[arg(long)]
+    pub cif: Option<String>,
+    /// Only events carrying this customer reference.
+    #[arg(long)]
+    pub customer_ref: Option<String>,
+    /// Only events by this actor (a key name, bootstrap, system, cli:USER).
+    #[arg(long)]
+    pub actor: Option<String>,
+    /// Only events of this action, e.g. cif.confirmed.
+    #[arg(long)]
+    pub action: Option<String>,
+    /// Only events at or after this RFC 3339 time.
+    #[arg(long)]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only events before this RFC 3339 time.
+    #[arg(long)]
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+    /// Most events to print.
+    #[arg(long, default_value_t = 100)]
+    pub limit: i64,
 }
 
 /// `cifpool dlq …`
@@ -303,6 +357,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Keys(command) => {
+            crate::telemetry::init_logging(settings.log.format, "warn");
+            with_database(&settings, |db| Box::pin(run_keys(db, command)))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Audit(args) => {
+            crate::telemetry::init_logging(settings.log.format, "warn");
+            with_database(&settings, |db| Box::pin(run_audit(db, args)))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Migrate => {
             crate::telemetry::init_logging(settings.log.format, &settings.log.level);
             runtime()?.block_on(async {
@@ -316,6 +380,64 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Runs `work` on the configured database (migrated first: keys and audit need their tables).
+fn with_database<F>(settings: &Settings, work: F) -> anyhow::Result<()>
+where
+    F: for<'a> FnOnce(
+        &'a sqlx::PgPool,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>>,
+{
+    runtime()?.block_on(async {
+        let database = Database::open(settings).await?;
+        let result = match crate::db::migrate(&database.pool).await {
+            Ok(()) => work(&database.pool).await,
+            Err(e) => Err(anyhow::Error::new(e).context("applying migrations")),
+        };
+        database.close().await;
+        result
+    })
+}
+
+async fn run_keys(db: &sqlx::PgPool, command: KeysCommand) -> anyhow::Result<()> {
+    use crate::auth::api_key;
+    let actor = crate::audit::Actor::cli();
+    match command {
+        KeysCommand::Create { name, scopes, tenants } => {
+            let created = api_key::create(db, &actor, &api_key::NewKey { name, scopes, tenants }).await?;
+            println!("{}", serde_json::to_string(&created)?);
+            eprintln!("the key is shown this once: store it now");
+        }
+        KeysCommand::List => {
+            for key in api_key::list(db).await? {
+                println!("{}", serde_json::to_string(&key)?);
+            }
+        }
+        KeysCommand::Revoke { name } => {
+            api_key::revoke(db, &actor, &name).await?;
+            eprintln!("revoked {name}: every pod refuses it within 5 s");
+        }
+    }
+    Ok(())
+}
+
+async fn run_audit(db: &sqlx::PgPool, args: AuditArgs) -> anyhow::Result<()> {
+    let query = crate::audit::AuditQuery {
+        cif: args.cif,
+        customer_ref: args.customer_ref,
+        actor: args.actor,
+        action: args.action,
+        since: args.since,
+        until: args.until,
+        cursor: None,
+        limit: Some(args.limit),
+    };
+    query.validate().map_err(|e| anyhow::anyhow!(e))?;
+    for event in crate::audit::search(db, &query).await?.events {
+        println!("{}", serde_json::to_string(&event)?);
+    }
+    Ok(())
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -333,7 +455,7 @@ async fn run_dlq(db: &sqlx::PgPool, command: DlqCommand) -> anyhow::Result<()> {
         DlqCommand::Replay { filter, max, rate, extra_attempts } => {
             let replay = dlq::Replay { filter: filter.filter(), max, rate_per_sec: rate, extra_attempts };
             replay.validate().map_err(|e| anyhow::anyhow!(e))?;
-            let n = dlq::replay(db, &replay).await?;
+            let n = dlq::replay(db, &replay, &crate::audit::Actor::cli()).await?;
             println!("replayed {n} jobs at {rate}/s");
         }
     }

@@ -6,6 +6,8 @@
 //! - [`cif`]: CIF pools — reserve / confirm / release / extend, refill, reclaim, depth gauges.
 //! - [`queue`]: the notification queue — intake, worker groups, providers and their limits, retries,
 //!   dead letters, the sweeper.
+//! - [`auth`]: API keys (scopes, tenants) and who a request acts as.
+//! - [`audit`]: the append-only trail of every CIF transition and admin action.
 //!
 //! **Shared machinery**
 //! - [`claim`]: every `FOR UPDATE SKIP LOCKED` statement: claim with a lease and a fencing token,
@@ -28,6 +30,8 @@
 //! peers, the send-flow lab on the real queue, the real-scale simulator and their charts. They drive
 //! this crate through its public API and [`startup::Application::spawn`].
 
+pub mod audit;
+pub mod auth;
 pub mod cif;
 pub mod claim;
 pub mod cli;

@@ -28,11 +28,23 @@ pub struct Application {
 
 impl Application {
     /// Finds the master key, opens the database (starting the embedded cluster without
-    /// `database.url`), then [`Application::build_with`].
+    /// `database.url`), then [`Application::build_with`]. With the embedded database and no API key
+    /// in it, creates a development key with every scope (see [`crate::auth::ensure_dev_key`]).
     pub async fn build(settings: Settings) -> anyhow::Result<Application> {
         let master = crate::keys::resolve_master_key(&settings, true)?;
         let database = Database::open(&settings).await?;
-        Self::build_with(settings, database, &master).await
+        let embedded = database.embedded.is_some();
+        let app = Self::build_with(settings, database, &master).await?;
+        if embedded && let Some(path) = crate::auth::ensure_dev_key(&app.state.db, &app.state.settings).await? {
+            tracing::warn!(
+                path = %path.display(),
+                "CREATED A DEVELOPMENT API KEY WITH EVERY SCOPE (the embedded database had none). Use it as \
+                 `Authorization: Bearer $(cat {})`; for anything but local development create scoped keys \
+                 with `cifpool keys create` or POST /admin/keys.",
+                path.display()
+            );
+        }
+        Ok(app)
     }
 
     /// Applies migrations (waiting up to `database.startup_timeout` for the server), reconciles the
@@ -54,6 +66,14 @@ impl Application {
     /// drive refill, reclaim and worker steps themselves.
     pub fn without_background(mut self) -> Application {
         self.background = false;
+        self
+    }
+
+    /// Serves every request as an all-scopes caller without checking any key. Only for measuring what
+    /// authentication costs (`cifpool-tools bench reserve` runs the service with and without it);
+    /// nothing in the configuration reaches it.
+    pub fn without_authentication(mut self) -> Application {
+        self.state.auth = std::sync::Arc::new(crate::auth::Authenticator::disabled(self.state.db.clone()));
         self
     }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::PgPool;
 
+use crate::auth::Authenticator;
 use crate::cif::Pools;
 use crate::config::Settings;
 use crate::queue::runtime::QueueRuntime;
@@ -25,6 +26,8 @@ pub struct AppState {
     pub queue: Arc<QueueRuntime>,
     /// Latest queue depth snapshot, read by the gauges and by intake backpressure.
     pub queue_stats: Arc<QueueStats>,
+    /// Checks API keys (and the bootstrap admin token) for every `/v1` and `/admin` request.
+    pub auth: Arc<Authenticator>,
 }
 
 impl AppState {
@@ -36,8 +39,10 @@ impl AppState {
 
     /// Like [`AppState::new`] with a given queue runtime (tests and the lab supply their providers).
     pub fn with_queue(db: PgPool, settings: Settings, pools: Pools, queue: Arc<QueueRuntime>) -> AppState {
+        let auth = Arc::new(Authenticator::new(db.clone(), settings.security.admin_token.clone()));
         AppState {
             db,
+            auth,
             settings: Arc::new(settings),
             metrics: crate::telemetry::metrics_handle(),
             pools: Arc::new(pools),

@@ -72,8 +72,10 @@ struct Ledger {
     failovers: u64,
 }
 
-async fn client(ports: Vec<u16>, ledger: Arc<Mutex<Ledger>>, stop: Arc<std::sync::atomic::AtomicBool>) {
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+async fn client(ports: Vec<u16>, ledger: Arc<Mutex<Ledger>>, stop: Arc<std::sync::atomic::AtomicBool>, key: String) {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {key}").parse().unwrap());
+    let http = reqwest::Client::builder().default_headers(headers).timeout(Duration::from_secs(5)).build().unwrap();
     let pick = || ports[rand::rng().random_range(0..ports.len())];
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let enqueue = rand::rng().random_bool(0.3);
@@ -158,9 +160,16 @@ async fn kill_nine_and_a_database_restart_lose_nothing_and_duplicate_nothing() {
         }
     }
 
+    let key = {
+        let db = sqlx::PgPool::connect(&db_url).await.unwrap();
+        let key = common::create_key(&db, &cifpool::auth::Scope::ALL, None).await;
+        db.close().await;
+        key
+    };
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let clients: Vec<_> = (0..6).map(|_| tokio::spawn(client(ports.clone(), ledger.clone(), stop.clone()))).collect();
+    let clients: Vec<_> =
+        (0..6).map(|_| tokio::spawn(client(ports.clone(), ledger.clone(), stop.clone(), key.clone()))).collect();
 
     let started = Instant::now();
     let mut kills = 0;

@@ -14,7 +14,7 @@ fn pool<'a>(app: &'a TestApp, name: &str) -> &'a Pool {
 }
 
 async fn fill(app: &TestApp, name: &str) {
-    let s = refill(&app.state.db, pool(app, name), RefillOptions { force: true }).await.unwrap();
+    let s = refill(&app.state.db, pool(app, name), RefillOptions { force: true, ..Default::default() }).await.unwrap();
     assert_eq!(s.outcome, RefillOutcome::Refilled);
 }
 
@@ -117,7 +117,7 @@ async fn expired_hold_is_reclaimed_old_token_gets_409_next_holder_confirms() {
         (r["cif"].as_str().unwrap().to_string(), r["reservation_token"].as_str().unwrap().to_string());
 
     // Nothing to reclaim while the lease runs.
-    let none = reclaim::reclaim(&app.state.db, &app.state.pools, None).await.unwrap();
+    let none = reclaim::reclaim(&app.state.db, &app.state.pools, None, &cifpool::audit::Actor::system()).await.unwrap();
     assert_eq!(none.total, 0);
 
     // The pod died: let its lease run out (moved into the past rather than slept through).
@@ -204,7 +204,7 @@ async fn concurrent_refills_on_two_instances_never_duplicate_a_counter() {
         let state = if i % 2 == 0 { a.state.clone() } else { b.state.clone() };
         runs.push(tokio::spawn(async move {
             let p = state.pools.get("individual").unwrap().clone();
-            refill(&state.db, &p, RefillOptions { force: true }).await.unwrap()
+            refill(&state.db, &p, RefillOptions { force: true, ..Default::default() }).await.unwrap()
         }));
     }
     let mut added = 0;
@@ -314,9 +314,10 @@ async fn pools_endpoint_reports_depth() {
 async fn admin_endpoints_need_the_bearer_token() {
     let (_db, app) = passive().await;
     let url = app.url("/admin/pools/individual/refill");
-    assert_problem(app.client.post(&url).send().await.unwrap(), 401).await;
-    assert_problem(app.client.post(&url).bearer_auth("wrong-token-wrong-token").send().await.unwrap(), 401).await;
-    assert_problem(app.client.post(app.url("/admin/reclaim")).send().await.unwrap(), 401).await;
+    let anonymous = reqwest::Client::new();
+    assert_problem(anonymous.post(&url).send().await.unwrap(), 401).await;
+    assert_problem(anonymous.post(&url).bearer_auth("wrong-token-wrong-token").send().await.unwrap(), 401).await;
+    assert_problem(anonymous.post(app.url("/admin/reclaim")).send().await.unwrap(), 401).await;
     let ok = app.client.post(&url).bearer_auth(TEST_ADMIN_TOKEN).send().await.unwrap();
     assert_eq!(ok.status(), 200);
     let summary: Value = ok.json().await.unwrap();

@@ -69,7 +69,9 @@ async fn pinned_fields_cannot_change_once_codes_were_issued() {
     Pools::reconcile(&db.pool, &early, &key).await.unwrap();
     let pools_again = Pools::reconcile(&db.pool, &original, &key).await.unwrap();
     drop(pools);
-    refill(&db.pool, pools_again.get("individual").unwrap(), RefillOptions { force: true }).await.unwrap();
+    refill(&db.pool, pools_again.get("individual").unwrap(), RefillOptions { force: true, ..Default::default() })
+        .await
+        .unwrap();
 
     for (field, change) in [
         (
@@ -97,7 +99,9 @@ async fn a_new_pool_may_not_reuse_a_retired_pools_code_space() {
     let db = fresh_database().await;
     let key = test_master_key();
     let pools = Pools::reconcile(&db.pool, &[test_pool("business", "2")], &key).await.unwrap();
-    refill(&db.pool, pools.get("business").unwrap(), RefillOptions { force: true }).await.unwrap();
+    refill(&db.pool, pools.get("business").unwrap(), RefillOptions { force: true, ..Default::default() })
+        .await
+        .unwrap();
     let msg = Pools::reconcile(&db.pool, &[test_pool("sme", "2")], &key).await.unwrap_err().to_string();
     assert!(msg.contains("sme") && msg.contains("business"), "{msg}");
 }
@@ -118,7 +122,9 @@ async fn different_pools_get_different_permutations() {
 async fn a_different_master_key_is_refused_once_codes_exist() {
     let db = fresh_database().await;
     let pools = Pools::reconcile(&db.pool, &[test_pool("individual", "1")], &test_master_key()).await.unwrap();
-    refill(&db.pool, pools.get("individual").unwrap(), RefillOptions { force: true }).await.unwrap();
+    refill(&db.pool, pools.get("individual").unwrap(), RefillOptions { force: true, ..Default::default() })
+        .await
+        .unwrap();
     let other = cifpool::keys::MasterKey::generate();
     let msg = Pools::reconcile(&db.pool, &[test_pool("individual", "1")], &other).await.unwrap_err().to_string();
     assert!(msg.contains("individual") && msg.contains("master key"), "{msg}");

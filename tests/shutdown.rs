@@ -24,8 +24,9 @@ async fn run(latency_ms: u64, grace: &str) -> (std::process::ExitStatus, Duratio
     let db = fresh_database().await;
     let provider = fake_server(FakeBehaviour { latency_ms, ..Default::default() }).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let key = common::create_key(&db.pool, &cifpool::auth::Scope::ALL, None).await;
     let mut child = serve(&db.url, &provider, grace, port);
-    let http = reqwest::Client::new();
+    let http = common::client_with_key(&key);
     let base = format!("http://127.0.0.1:{port}");
     let ready_by = Instant::now() + Duration::from_secs(30);
     while http.get(format!("{base}/readyz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {

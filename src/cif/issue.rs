@@ -8,18 +8,21 @@ use std::time::Instant;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::cif::store::{self, Confirmed, Reserved};
+use crate::audit::Actor;
+use crate::cif::store::{self, By, Confirmed, Reserved};
 use crate::cif::{Pool, upkeep};
 
-/// Reserves one code of `pool` for `holder` (see [`store::reserve`] for idempotency).
+/// Reserves one code of `pool` for `holder` on behalf of `actor` (see [`store::reserve`] for
+/// idempotency).
 pub async fn reserve(
     db: &PgPool,
     pool: &Arc<Pool>,
     holder: Option<&str>,
     idempotency_key: Option<&str>,
+    actor: &Actor,
 ) -> Result<Reserved, sqlx::Error> {
     let started = Instant::now();
-    let outcome = store::reserve(db, pool, holder, idempotency_key).await?;
+    let outcome = store::reserve(db, pool, holder, idempotency_key, actor).await?;
     let name = pool.name().to_string();
     metrics::histogram!("cifpool_reservation_duration_seconds", "pool" => name.clone())
         .record(started.elapsed().as_secs_f64());
@@ -45,8 +48,9 @@ pub async fn confirm(
     counter: i64,
     token: Uuid,
     customer_ref: Option<&str>,
+    by: By<'_>,
 ) -> Result<Confirmed, sqlx::Error> {
-    let outcome = store::confirm(db, pool, counter, token, customer_ref).await?;
+    let outcome = store::confirm(db, pool, counter, token, customer_ref, by).await?;
     if let Confirmed::Now(_) = outcome {
         metrics::counter!("cifpool_confirmations_total", "pool" => pool.name().to_string()).increment(1);
     }

@@ -8,6 +8,7 @@ use std::time::Instant;
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::audit::{Actor, Columns, action, audited, insert_from};
 use crate::cif::Pools;
 use crate::cif::store::{AVAILABLE, CODES, RESERVED};
 
@@ -16,14 +17,25 @@ const SWEEP_BATCH: i64 = 1000;
 /// Idempotency records older than this are forgotten.
 const IDEMPOTENCY_RETENTION_HOURS: i64 = 24;
 
+/// Binds: `$1` batch, `$2` pool id (`NULL`: every pool); audit rows: actor `$3`, request id `$4`.
 static SWEEP: LazyLock<String> = LazyLock::new(|| {
-    CODES.sweep_sql(
+    let sweep = CODES.sweep_sql(
         RESERVED,
         AVAILABLE,
         "($2::int2 IS NULL OR pool_id = $2)",
         "holder = NULL, reserved_at = NULL",
-        "t.pool_id",
-    )
+        "holder",
+        "t.pool_id, t.code, expired.holder",
+    );
+    let columns = Columns {
+        actor: "$3",
+        request_id: "$4",
+        pool: "(SELECT name FROM cif_pools WHERE id = done.pool_id)",
+        cif: "code",
+        holder: "holder",
+        ..Default::default()
+    };
+    audited(&sweep, &insert_from(action::CIF_RECLAIMED, &columns, "done"), "pool_id")
 });
 
 /// What a reclaim run did.
@@ -39,13 +51,24 @@ pub struct ReclaimSummary {
     pub duration_ms: f64,
 }
 
-/// Sweeps every expired hold of `only` (or of every pool), in batches.
-pub async fn reclaim(db: &PgPool, pools: &Pools, only: Option<i16>) -> Result<ReclaimSummary, sqlx::Error> {
+/// Sweeps every expired hold of `only` (or of every pool), in batches; each code taken back gets a
+/// `cif.reclaimed` row by `actor` (`system` on the schedule) in the statement that takes it.
+pub async fn reclaim(
+    db: &PgPool,
+    pools: &Pools,
+    only: Option<i16>,
+    actor: &Actor,
+) -> Result<ReclaimSummary, sqlx::Error> {
     let started = Instant::now();
     let mut by_id: BTreeMap<i16, u64> = BTreeMap::new();
     loop {
-        let ids: Vec<i16> =
-            sqlx::query_scalar(sqlx::AssertSqlSafe(SWEEP.as_str())).bind(SWEEP_BATCH).bind(only).fetch_all(db).await?;
+        let ids: Vec<i16> = sqlx::query_scalar(sqlx::AssertSqlSafe(SWEEP.as_str()))
+            .bind(SWEEP_BATCH)
+            .bind(only)
+            .bind(&actor.name)
+            .bind(&actor.request_id)
+            .fetch_all(db)
+            .await?;
         for id in &ids {
             *by_id.entry(*id).or_default() += 1;
         }

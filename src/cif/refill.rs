@@ -5,7 +5,7 @@
 //! watermark and adds `ceil(deficit / batch_size)` batches, at most `max_batches_per_run`. Each batch
 //! is one transaction: advance `cif_pools.next_counter` (row lock, so even without the advisory
 //! lock two refills could never take the same counters), compute the codes in the service (the key
-//! never reaches the database) and `COPY` them in. A crash mid-run loses at most the open batch, whose
+//! never reaches the database), `COPY` them in and add a `pool.refilled` audit row naming the counters. A crash mid-run loses at most the open batch, whose
 //! counter advance rolls back with it: no counter is ever issued twice.
 
 use std::fmt::Write as _;
@@ -14,6 +14,7 @@ use std::time::Instant;
 use serde::Serialize;
 use sqlx::{Acquire, PgConnection, PgPool};
 
+use crate::audit::{self, Actor, Event};
 use crate::cif::Pool;
 
 /// Advisory-lock class for refills (high 32 bits of the lock key; the pool id is the low bits).
@@ -63,10 +64,18 @@ pub struct RefillSummary {
 }
 
 /// Options of one run.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone)]
 pub struct RefillOptions {
     /// Add `max_batches_per_run` batches even above the watermark (ops pre-filling before a campaign).
     pub force: bool,
+    /// Who asked: each batch's `pool.refilled` audit row carries it (`system` for the schedules).
+    pub actor: Actor,
+}
+
+impl Default for RefillOptions {
+    fn default() -> Self {
+        RefillOptions { force: false, actor: Actor::system() }
+    }
 }
 
 /// Runs one refill of `pool`.
@@ -169,6 +178,14 @@ async fn run_locked(
         let mut copy = tx.copy_in_raw("COPY cif_codes (pool_id, counter, code) FROM STDIN").await?;
         copy.send(text.as_bytes()).await?;
         copy.finish().await?;
+        let detail = serde_json::json!({ "first_counter": start, "end_counter": end, "codes": end - start, "force": opts.force });
+        let event = Event {
+            action: audit::action::POOL_REFILLED,
+            pool: Some(pool.name()),
+            detail: Some(detail),
+            ..Default::default()
+        };
+        audit::record(&mut tx, &opts.actor, &event).await?;
         tx.commit().await?;
         summary.codes_added += (end - start) as u64;
         summary.batches += 1;

@@ -7,6 +7,7 @@ use serde::Serialize;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
+use crate::audit::{Actor, Columns, action, audited, insert_from};
 use crate::cif::Pool;
 use crate::claim::{ClaimSpec, ClaimTable, Fenced};
 
@@ -24,50 +25,98 @@ pub const AVAILABLE: &str = "'available'";
 /// SQL literal of the held state.
 pub const RESERVED: &str = "'reserved'";
 
-/// Claim one code of pool `$3` for holder `$4`. Ordered by the primary key so the claim walks the
-/// index from the pool's lowest counter.
+/// Claim one code of pool `$3` for holder `$4`, with its audit row (actor `$5`, request id `$6`, pool
+/// name `$7`) in the same statement.
 static RESERVE: LazyLock<String> = LazyLock::new(|| {
-    CODES.claim_sql(&ClaimSpec {
+    let claim = CODES.claim_sql(&ClaimSpec {
         free: AVAILABLE,
         held: RESERVED,
         filter: "pool_id = $3",
         order_by: "pool_id, counter",
         set: "holder = $4, reserved_at = now()",
-        returning: "t.code, t.lease_token, t.lease_expires_at",
-    })
+        returning: "t.code, t.lease_token, t.lease_expires_at, t.holder",
+    });
+    let columns =
+        Columns { actor: "$5", request_id: "$6", pool: "$7", cif: "code", holder: "holder", ..Default::default() };
+    audited(&claim, &insert_from(action::CIF_RESERVED, &columns, "done"), "code, lease_token, lease_expires_at")
 });
 
-/// The one-statement reservation the API runs (binds: `$1` limit, `$2` lease seconds, `$3` pool id,
-/// `$4` holder), for benchmarks that compare the service with the same raw SQL.
+/// The one-statement reservation the API runs, audit row included (binds: `$1` limit, `$2` lease
+/// seconds, `$3` pool id, `$4` holder, `$5` actor, `$6` request id, `$7` pool name), for benchmarks
+/// that compare the service with the same raw SQL.
 pub fn reserve_sql() -> &'static str {
     RESERVE.as_str()
 }
 
-/// Move a held code to `cif_issued`, fenced by its token: `$1` token, `$2` pool, `$3` counter, `$4` ref.
-static CONFIRM: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "WITH gone AS ({}) \
-         INSERT INTO cif_issued (pool_id, counter, code, customer_ref, holder, lease_token, reserved_at) \
-         SELECT pool_id, counter, code, $4, holder, lease_token, reserved_at FROM gone \
-         RETURNING confirmed_at",
-        CODES.fenced_delete_sql(
-            RESERVED,
-            "pool_id = $2 AND counter = $3",
-            "pool_id, counter, code, holder, lease_token, reserved_at"
-        )
+/// The reservation an idempotency key `$1` produced, with a `cif.replayed` row (actor `$2`, request
+/// id `$3`, pool name `$4`, holder `$5`) when it belongs to pool `$6`.
+static REPLAY: LazyLock<String> = LazyLock::new(|| {
+    let columns =
+        Columns { actor: "$2", request_id: "$3", pool: "$4", cif: "code", holder: "$5", ..Default::default() };
+    audited(
+        "SELECT pool_id, code, lease_token, lease_expires_at FROM cif_idempotency WHERE idempotency_key = $1",
+        &insert_from(action::CIF_REPLAYED, &columns, "done WHERE pool_id = $6"),
+        "pool_id, code, lease_token, lease_expires_at",
     )
 });
 
+/// Move a held code to `cif_issued`, fenced by its token: `$1` token, `$2` pool, `$3` counter, `$4`
+/// ref; audit row: actor `$5`, request id `$6`, pool name `$7`, holder `$8` (else the hold's).
+static CONFIRM: LazyLock<String> = LazyLock::new(|| {
+    let gone = CODES.fenced_delete_sql(
+        RESERVED,
+        "pool_id = $2 AND counter = $3",
+        "pool_id, counter, code, holder, lease_token, reserved_at",
+    );
+    let columns = Columns {
+        actor: "$5",
+        request_id: "$6",
+        pool: "$7",
+        cif: "code",
+        holder: "coalesce($8, holder)",
+        customer_ref: "customer_ref",
+        ..Default::default()
+    };
+    format!(
+        "WITH gone AS ({gone}), \
+         done AS (INSERT INTO cif_issued (pool_id, counter, code, customer_ref, holder, lease_token, reserved_at) \
+                  SELECT pool_id, counter, code, $4, holder, lease_token, reserved_at FROM gone \
+                  RETURNING code, holder, customer_ref, confirmed_at), \
+         audit AS ({insert}) \
+         SELECT confirmed_at FROM done",
+        insert = insert_from(action::CIF_CONFIRMED, &columns, "done")
+    )
+});
+
+/// Binds: `$1` token, `$2` pool, `$3` counter; audit row: actor `$4`, request id `$5`, pool name `$6`,
+/// holder `$7`.
 static RELEASE: LazyLock<String> = LazyLock::new(|| {
-    CODES.fenced_update_sql(
+    let release = CODES.fenced_update_sql(
         RESERVED,
         "pool_id = $2 AND counter = $3",
         "state = 'available', lease_token = NULL, lease_expires_at = NULL, holder = NULL, reserved_at = NULL",
-        None,
-    )
+        Some("code"),
+    );
+    let columns =
+        Columns { actor: "$4", request_id: "$5", pool: "$6", cif: "code", holder: "$7", ..Default::default() };
+    audited(&release, &insert_from(action::CIF_RELEASED, &columns, "done"), "code")
 });
 
-static EXTEND: LazyLock<String> = LazyLock::new(|| CODES.extend_sql(RESERVED, "pool_id = $3 AND counter = $4"));
+/// Binds: `$1` token, `$2` lease seconds, `$3` pool, `$4` counter; audit row: actor `$5`, request id
+/// `$6`, pool name `$7`, holder `$8` (else the hold's).
+static EXTEND: LazyLock<String> = LazyLock::new(|| {
+    let extend = CODES.extend_sql(RESERVED, "pool_id = $3 AND counter = $4", "code, holder, lease_expires_at");
+    let columns = Columns {
+        actor: "$5",
+        request_id: "$6",
+        pool: "$7",
+        cif: "code",
+        holder: "coalesce($8, holder)",
+        detail: "jsonb_build_object('lease_expires_at', lease_expires_at)",
+        ..Default::default()
+    };
+    audited(&extend, &insert_from(action::CIF_EXTENDED, &columns, "done"), "lease_expires_at")
+});
 
 /// A code held by a pod.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -98,40 +147,39 @@ pub enum Reserved {
     },
 }
 
-/// Reserves one code of `pool`.
+/// Reserves one code of `pool` for `holder`, recorded as `actor`'s. With an `idempotency_key`, a
+/// repeated key gets the first reservation back (and a `cif.replayed` row) instead of a second code.
 pub async fn reserve(
     db: &PgPool,
     pool: &Pool,
     holder: Option<&str>,
     idempotency_key: Option<&str>,
+    actor: &Actor,
 ) -> Result<Reserved, sqlx::Error> {
     let lease_secs = pool.settings.lease_ttl.as_secs_f64();
-    let Some(key) = idempotency_key else {
-        // The common path: one autocommit statement.
-        let row = sqlx::query(sqlx::AssertSqlSafe(RESERVE.as_str()))
+    let claim = || {
+        sqlx::query(sqlx::AssertSqlSafe(RESERVE.as_str()))
             .bind(1_i64)
             .bind(lease_secs)
             .bind(pool.id)
             .bind(holder)
-            .fetch_optional(db)
-            .await?;
+            .bind(&actor.name)
+            .bind(&actor.request_id)
+            .bind(pool.name())
+    };
+    let Some(key) = idempotency_key else {
+        // The common path: one autocommit statement.
+        let row = claim().fetch_optional(db).await?;
         return Ok(row.map_or(Reserved::Empty, |r| Reserved::Created(reservation(pool, &r))));
     };
 
-    if let Some(found) = replay(db, pool, key).await? {
+    if let Some(found) = replay(db, pool, key, holder, actor).await? {
         return Ok(found);
     }
     // Claim and record the key atomically; a concurrent request with the same key loses the insert,
-    // rolls its claim back and replays the winner's reservation.
+    // rolls its claim (and its audit row) back and replays the winner's reservation.
     let mut tx = db.begin().await?;
-    let Some(row) = sqlx::query(sqlx::AssertSqlSafe(RESERVE.as_str()))
-        .bind(1_i64)
-        .bind(lease_secs)
-        .bind(pool.id)
-        .bind(holder)
-        .fetch_optional(&mut *tx)
-        .await?
-    else {
+    let Some(row) = claim().fetch_optional(&mut *tx).await? else {
         return Ok(Reserved::Empty);
     };
     let held = reservation(pool, &row);
@@ -149,19 +197,28 @@ pub async fn reserve(
     .await?;
     if inserted.rows_affected() == 0 {
         tx.rollback().await?;
-        return Ok(replay(db, pool, key).await?.unwrap_or(Reserved::Empty));
+        return Ok(replay(db, pool, key, holder, actor).await?.unwrap_or(Reserved::Empty));
     }
     tx.commit().await?;
     Ok(Reserved::Created(held))
 }
 
-async fn replay(db: &PgPool, pool: &Pool, key: &str) -> Result<Option<Reserved>, sqlx::Error> {
-    let row = sqlx::query(
-        "SELECT pool_id, code, lease_token, lease_expires_at FROM cif_idempotency WHERE idempotency_key = $1",
-    )
-    .bind(key)
-    .fetch_optional(db)
-    .await?;
+async fn replay(
+    db: &PgPool,
+    pool: &Pool,
+    key: &str,
+    holder: Option<&str>,
+    actor: &Actor,
+) -> Result<Option<Reserved>, sqlx::Error> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(REPLAY.as_str()))
+        .bind(key)
+        .bind(&actor.name)
+        .bind(&actor.request_id)
+        .bind(pool.name())
+        .bind(holder)
+        .bind(pool.id)
+        .fetch_optional(db)
+        .await?;
     Ok(row.map(|r| {
         let pool_id: i16 = r.get("pool_id");
         if pool_id != pool.id {
@@ -196,6 +253,16 @@ pub enum Confirmed {
     LeaseLost,
 }
 
+/// Who performs a transition on a hold: the actor of the audit row and the holder (pod) the request
+/// names, if any.
+#[derive(Debug, Clone, Copy)]
+pub struct By<'a> {
+    /// The caller and its request id.
+    pub actor: &'a Actor,
+    /// The `X-Holder` of the request; confirm and extend fall back to the hold's own holder.
+    pub holder: Option<&'a str>,
+}
+
 /// Marks the code used, fenced by `token`.
 pub async fn confirm(
     db: &PgPool,
@@ -203,12 +270,17 @@ pub async fn confirm(
     counter: i64,
     token: Uuid,
     customer_ref: Option<&str>,
+    by: By<'_>,
 ) -> Result<Confirmed, sqlx::Error> {
     let done: Option<DateTime<Utc>> = sqlx::query_scalar(sqlx::AssertSqlSafe(CONFIRM.as_str()))
         .bind(token)
         .bind(pool.id)
         .bind(counter)
         .bind(customer_ref)
+        .bind(&by.actor.name)
+        .bind(&by.actor.request_id)
+        .bind(pool.name())
+        .bind(by.holder)
         .fetch_optional(db)
         .await?;
     if let Some(at) = done {
@@ -226,19 +298,37 @@ pub async fn confirm(
 }
 
 /// Returns a held code to the pool, fenced by `token`.
-pub async fn release(db: &PgPool, pool: &Pool, counter: i64, token: Uuid) -> Result<Fenced, sqlx::Error> {
-    let done =
-        sqlx::query(sqlx::AssertSqlSafe(RELEASE.as_str())).bind(token).bind(pool.id).bind(counter).execute(db).await?;
-    Ok(Fenced::from_rows(done.rows_affected()))
+pub async fn release(db: &PgPool, pool: &Pool, counter: i64, token: Uuid, by: By<'_>) -> Result<Fenced, sqlx::Error> {
+    let done: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(RELEASE.as_str()))
+        .bind(token)
+        .bind(pool.id)
+        .bind(counter)
+        .bind(&by.actor.name)
+        .bind(&by.actor.request_id)
+        .bind(pool.name())
+        .bind(by.holder)
+        .fetch_optional(db)
+        .await?;
+    Ok(if done.is_some() { Fenced::Done } else { Fenced::LeaseLost })
 }
 
 /// Renews the lease for another `lease_ttl`, fenced by `token`; the new expiry, or `None` if lost.
-pub async fn extend(db: &PgPool, pool: &Pool, counter: i64, token: Uuid) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+pub async fn extend(
+    db: &PgPool,
+    pool: &Pool,
+    counter: i64,
+    token: Uuid,
+    by: By<'_>,
+) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
     sqlx::query_scalar(sqlx::AssertSqlSafe(EXTEND.as_str()))
         .bind(token)
         .bind(pool.settings.lease_ttl.as_secs_f64())
         .bind(pool.id)
         .bind(counter)
+        .bind(&by.actor.name)
+        .bind(&by.actor.request_id)
+        .bind(pool.name())
+        .bind(by.holder)
         .fetch_optional(db)
         .await
 }

@@ -88,7 +88,7 @@ pub async fn schedule(scheduler: &JobScheduler, db: &PgPool, pools: &Arc<Pools>)
         crate::schedule::add(scheduler, &pool.settings.reclaim_schedule, move || {
             let (db, pools) = (db_.clone(), pools.clone());
             async move {
-                if let Err(e) = reclaim::reclaim(&db, &pools, Some(id)).await {
+                if let Err(e) = reclaim::reclaim(&db, &pools, Some(id), &crate::audit::Actor::system()).await {
                     tracing::warn!(error = %e, "scheduled reclaim failed");
                 }
             }

@@ -1,19 +1,21 @@
-//! `/admin`, behind a bearer token: refill and reclaim pools, list and replay dead letters.
+//! `/admin`, for callers holding the `admin` scope: refill and reclaim pools, list and replay dead
+//! letters, manage API keys, read the audit trail.
 
-use axum::extract::{FromRequestParts, Path, Query, State};
-use axum::http::header;
-use axum::http::request::Parts;
-use axum::routing::{get, post};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use secrecy::ExposeSecret;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
+use crate::audit::{self, AuditQuery};
+use crate::auth::api_key::{self, KeyError, NewKey};
 use crate::cif::{reclaim, refill::RefillOptions, upkeep};
+use crate::http::auth::{Authorized, needs};
 use crate::http::error::ApiError;
 use crate::queue::dlq::{self, DlqFilter, Replay};
 use crate::state::AppState;
+
+type Admin = Authorized<needs::Admin>;
 
 /// Routes of this group.
 pub fn router() -> Router<AppState> {
@@ -22,29 +24,9 @@ pub fn router() -> Router<AppState> {
         .route("/admin/reclaim", post(reclaim))
         .route("/admin/dlq", get(dlq_list))
         .route("/admin/dlq/replay", post(dlq_replay))
-}
-
-/// Proof that the request carried `Authorization: Bearer <security.admin_token>`.
-pub struct Admin;
-
-impl FromRequestParts<AppState> for Admin {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let Some(expected) = &state.settings.security.admin_token else {
-            return Err(ApiError::Unauthorized);
-        };
-        let given = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or(ApiError::Unauthorized)?;
-        // Comparing fixed-size digests in constant time hides both content and length.
-        let a = Sha256::digest(given.as_bytes());
-        let b = Sha256::digest(expected.expose_secret().as_bytes());
-        if bool::from(a.ct_eq(&b)) { Ok(Admin) } else { Err(ApiError::Unauthorized) }
-    }
+        .route("/admin/keys", post(create_key).get(list_keys))
+        .route("/admin/keys/{name}", delete(revoke_key))
+        .route("/admin/audit", get(audit_search))
 }
 
 /// `?force=true` adds `max_batches_per_run` batches even above the watermark.
@@ -55,7 +37,7 @@ struct RefillQuery {
 }
 
 async fn refill(
-    _: Admin,
+    auth: Admin,
     State(state): State<AppState>,
     Path(customer_type): Path<String>,
     Query(q): Query<RefillQuery>,
@@ -64,13 +46,14 @@ async fn refill(
         .pools
         .get(&customer_type)
         .ok_or_else(|| ApiError::NotFound(format!("unknown customer_type {customer_type:?}")))?;
-    tracing::info!(pool = pool.name(), force = q.force, "admin refill");
-    Ok(Json(upkeep::run_refill(&state.db, pool, RefillOptions { force: q.force }).await?))
+    tracing::info!(pool = pool.name(), force = q.force, actor = %auth.actor.name, "admin refill");
+    let opts = RefillOptions { force: q.force, actor: auth.actor };
+    Ok(Json(upkeep::run_refill(&state.db, pool, opts).await?))
 }
 
-async fn reclaim(_: Admin, State(state): State<AppState>) -> Result<Json<impl Serialize>, ApiError> {
-    tracing::info!("admin reclaim");
-    Ok(Json(reclaim::reclaim(&state.db, &state.pools, None).await?))
+async fn reclaim(auth: Admin, State(state): State<AppState>) -> Result<Json<impl Serialize>, ApiError> {
+    tracing::info!(actor = %auth.actor.name, "admin reclaim");
+    Ok(Json(reclaim::reclaim(&state.db, &state.pools, None, &auth.actor).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -102,12 +85,61 @@ struct Replayed {
 }
 
 async fn dlq_replay(
-    _: Admin,
+    auth: Admin,
     State(state): State<AppState>,
     Json(req): Json<Replay>,
 ) -> Result<Json<Replayed>, ApiError> {
     req.validate().map_err(ApiError::Unprocessable)?;
-    let replayed = dlq::replay(&state.db, &req).await?;
-    tracing::info!(replayed, filter = ?req.filter, rate = req.rate_per_sec, "dead letters replayed");
+    let replayed = dlq::replay(&state.db, &req, &auth.actor).await?;
+    tracing::info!(replayed, filter = ?req.filter, rate = req.rate_per_sec, actor = %auth.actor.name, "dead letters replayed");
     Ok(Json(Replayed { replayed }))
+}
+
+impl From<KeyError> for ApiError {
+    fn from(e: KeyError) -> ApiError {
+        match e {
+            KeyError::Invalid(detail) => ApiError::Unprocessable(detail),
+            e @ KeyError::Duplicate(_) => ApiError::Conflict(e.to_string()),
+            e @ KeyError::NotFound(_) => ApiError::NotFound(e.to_string()),
+            KeyError::Database(e) => e.into(),
+        }
+    }
+}
+
+async fn create_key(
+    auth: Admin,
+    State(state): State<AppState>,
+    Json(new): Json<NewKey>,
+) -> Result<(StatusCode, Json<api_key::CreatedKey>), ApiError> {
+    let created = api_key::create(&state.db, &auth.actor, &new).await?;
+    tracing::info!(key = %created.name, scopes = ?created.scopes, actor = %auth.actor.name, "API key created");
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+#[derive(Serialize)]
+struct KeyList {
+    keys: Vec<api_key::ApiKey>,
+}
+
+async fn list_keys(_: Admin, State(state): State<AppState>) -> Result<Json<KeyList>, ApiError> {
+    Ok(Json(KeyList { keys: api_key::list(&state.db).await? }))
+}
+
+async fn revoke_key(
+    auth: Admin,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    api_key::revoke(&state.db, &auth.actor, &name).await?;
+    tracing::info!(key = %name, actor = %auth.actor.name, "API key revoked");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn audit_search(
+    _: Admin,
+    State(state): State<AppState>,
+    Query(q): Query<AuditQuery>,
+) -> Result<Json<audit::AuditPage>, ApiError> {
+    q.validate().map_err(ApiError::BadRequest)?;
+    Ok(Json(audit::search(&state.db, &q).await?))
 }

@@ -1,4 +1,5 @@
-//! `/v1/cif` (reserve, confirm, release, extend, look up) and `/v1/pools`.
+//! `/v1/cif` (reserve, confirm, release, extend, look up) and `/v1/pools`; `/cif…` are the same
+//! handlers under the unversioned path onboarding clients were first given.
 
 use std::sync::Arc;
 
@@ -11,9 +12,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::cif::store::{self, Confirmed, Reserved};
+use crate::cif::store::{self, By, Confirmed, Reserved};
 use crate::cif::{Pool, issue, stats};
 use crate::claim::Fenced;
+use crate::http::auth::{Authorized, needs};
 use crate::http::error::ApiError;
 use crate::state::AppState;
 
@@ -22,7 +24,7 @@ const MAX_IDEMPOTENCY_KEY: usize = 200;
 /// Longest accepted `X-Holder` / `customer_ref`.
 const MAX_LABEL: usize = 200;
 
-/// Routes of this group.
+/// Routes of this group; the unversioned `/cif` paths are aliases (same handlers, same scopes).
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/cif", post(reserve))
@@ -31,6 +33,11 @@ pub fn router() -> Router<AppState> {
         .route("/v1/cif/{cif}/release", post(release))
         .route("/v1/cif/{cif}/extend", post(extend))
         .route("/v1/pools", get(pools))
+        .route("/cif", post(reserve))
+        .route("/cif/{cif}", get(lookup))
+        .route("/cif/{cif}/confirm", post(confirm))
+        .route("/cif/{cif}/release", post(release))
+        .route("/cif/{cif}/extend", post(extend))
 }
 
 /// `POST /v1/cif` body.
@@ -84,6 +91,7 @@ fn decode<'a>(state: &'a AppState, cif: &str) -> Result<(&'a Arc<Pool>, i64), Ap
 }
 
 async fn reserve(
+    auth: Authorized<needs::CifReserve>,
     State(state): State<AppState>,
     headers: HeaderMap,
     Json(body): Json<ReserveRequest>,
@@ -91,7 +99,7 @@ async fn reserve(
     let idempotency_key = optional_header(&headers, "idempotency-key")?;
     let holder = optional_header(&headers, "x-holder")?;
     let pool = pool_for_type(&state, &body.customer_type)?;
-    let (status, reservation) = match issue::reserve(&state.db, pool, holder, idempotency_key).await? {
+    let (status, reservation) = match issue::reserve(&state.db, pool, holder, idempotency_key, &auth.actor).await? {
         Reserved::Created(r) => (StatusCode::CREATED, r),
         Reserved::Replayed(r) => (StatusCode::OK, r),
         Reserved::Empty => {
@@ -133,19 +141,22 @@ fn lost(cif: &str) -> ApiError {
 }
 
 async fn confirm(
+    auth: Authorized<needs::CifReserve>,
     State(state): State<AppState>,
     Path(cif): Path<String>,
+    headers: HeaderMap,
     Json(body): Json<TokenRequest>,
 ) -> Result<Json<impl Serialize>, ApiError> {
     let (pool, counter) = decode(&state, &cif)?;
+    let by = By { actor: &auth.actor, holder: optional_header(&headers, "x-holder")? };
     if let Some(r) = &body.customer_ref {
         crate::validate::text("customer_ref", r, MAX_LABEL).map_err(ApiError::Unprocessable)?;
     }
-    let at =
-        match issue::confirm(&state.db, pool, counter, body.reservation_token, body.customer_ref.as_deref()).await? {
-            Confirmed::Now(at) | Confirmed::Already(at) => at,
-            Confirmed::LeaseLost => return Err(lost(&cif)),
-        };
+    let token = body.reservation_token;
+    let at = match issue::confirm(&state.db, pool, counter, token, body.customer_ref.as_deref(), by).await? {
+        Confirmed::Now(at) | Confirmed::Already(at) => at,
+        Confirmed::LeaseLost => return Err(lost(&cif)),
+    };
     Ok(Json(StateChange {
         cif,
         customer_type: pool.name().to_string(),
@@ -156,12 +167,15 @@ async fn confirm(
 }
 
 async fn release(
+    auth: Authorized<needs::CifReserve>,
     State(state): State<AppState>,
     Path(cif): Path<String>,
+    headers: HeaderMap,
     Json(body): Json<TokenRequest>,
 ) -> Result<Json<impl Serialize>, ApiError> {
     let (pool, counter) = decode(&state, &cif)?;
-    match store::release(&state.db, pool, counter, body.reservation_token).await? {
+    let by = By { actor: &auth.actor, holder: optional_header(&headers, "x-holder")? };
+    match store::release(&state.db, pool, counter, body.reservation_token, by).await? {
         Fenced::Done => Ok(Json(StateChange {
             cif,
             customer_type: pool.name().to_string(),
@@ -174,12 +188,15 @@ async fn release(
 }
 
 async fn extend(
+    auth: Authorized<needs::CifReserve>,
     State(state): State<AppState>,
     Path(cif): Path<String>,
+    headers: HeaderMap,
     Json(body): Json<TokenRequest>,
 ) -> Result<Json<impl Serialize>, ApiError> {
     let (pool, counter) = decode(&state, &cif)?;
-    match store::extend(&state.db, pool, counter, body.reservation_token).await? {
+    let by = By { actor: &auth.actor, holder: optional_header(&headers, "x-holder")? };
+    match store::extend(&state.db, pool, counter, body.reservation_token, by).await? {
         Some(until) => Ok(Json(StateChange {
             cif,
             customer_type: pool.name().to_string(),
@@ -191,7 +208,11 @@ async fn extend(
     }
 }
 
-async fn lookup(State(state): State<AppState>, Path(cif): Path<String>) -> Result<Json<store::CodeStatus>, ApiError> {
+async fn lookup(
+    _: Authorized<needs::CifRead>,
+    State(state): State<AppState>,
+    Path(cif): Path<String>,
+) -> Result<Json<store::CodeStatus>, ApiError> {
     let (pool, counter) = decode(&state, &cif)?;
     store::status(&state.db, pool, counter, &cif).await?.map(Json).ok_or_else(|| {
         ApiError::NotFound(format!("{cif} is a well-formed code of pool {:?} that has not been issued", pool.name()))
@@ -203,6 +224,6 @@ struct PoolsResponse {
     pools: Vec<stats::PoolStats>,
 }
 
-async fn pools(State(state): State<AppState>) -> Result<Json<impl Serialize>, ApiError> {
+async fn pools(_: Authorized<needs::CifRead>, State(state): State<AppState>) -> Result<Json<impl Serialize>, ApiError> {
     Ok(Json(PoolsResponse { pools: stats::refresh(&state.db, &state.pools).await? }))
 }

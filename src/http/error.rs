@@ -54,9 +54,12 @@ pub enum ApiError {
     /// 400: the request is malformed.
     #[error("{0}")]
     BadRequest(String),
-    /// 401: missing or wrong credentials.
-    #[error("missing or invalid bearer token")]
+    /// 401: no API key, or one that is unknown or revoked.
+    #[error("missing, unknown or revoked API key")]
     Unauthorized,
+    /// 403: the key is valid but may not do this (a missing scope, another tenant).
+    #[error("{0}")]
+    Forbidden(String),
     /// 404: no such resource.
     #[error("{0}")]
     NotFound(String),
@@ -98,11 +101,12 @@ impl IntoResponse for ApiError {
         let (status, slug, detail, retry_after) = match self {
             ApiError::BadRequest(d) => (StatusCode::BAD_REQUEST, "bad-request", d, None),
             ApiError::Unauthorized => {
-                let mut r = Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing or invalid bearer token")
-                    .into_response();
+                let detail = "missing, unknown or revoked API key: send Authorization: Bearer <key>";
+                let mut r = Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", detail).into_response();
                 r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
                 return r;
             }
+            ApiError::Forbidden(d) => (StatusCode::FORBIDDEN, "forbidden", d, None),
             ApiError::NotFound(d) => (StatusCode::NOT_FOUND, "not-found", d, None),
             ApiError::Conflict(d) => (StatusCode::CONFLICT, "conflict", d, None),
             ApiError::PayloadTooLarge(d) => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", d, None),

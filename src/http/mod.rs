@@ -2,6 +2,7 @@
 //! shutdown future resolves, so tests can bind port 0 and stop the server at will.
 
 pub mod admin;
+pub mod auth;
 pub mod cif;
 pub mod error;
 pub mod health;

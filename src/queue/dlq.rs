@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
+use crate::audit::{Actor, Columns, action, audited, insert_from};
 use crate::claim::Pick;
 use crate::queue::status::JobStatus;
 use crate::queue::store::JOBS;
@@ -124,8 +125,10 @@ fn one() -> i32 {
     1
 }
 
+/// Binds: `$1` max, `$2`–`$4` the filter, `$5` extra attempts, `$6` rate; the audit row (one per
+/// replay, with the count): actor `$7`, request id `$8`.
 static REPLAY: LazyLock<String> = LazyLock::new(|| {
-    JOBS.update_picked_sql(
+    let replay = JOBS.update_picked_sql(
         &Pick { from: &JobStatus::Dead.sql(), filter: FILTER, order_by: Some("id") },
         &format!(
             "status = {pending}, finished_at = NULL, max_attempts = t.attempts + $5, \
@@ -133,20 +136,31 @@ static REPLAY: LazyLock<String> = LazyLock::new(|| {
             pending = JobStatus::Pending.sql()
         ),
         "t.id",
-    )
+    );
+    let columns = Columns {
+        actor: "$7",
+        request_id: "$8",
+        detail: "jsonb_build_object('replayed', count(*), 'max', $1::int8, 'class', $2::text, 'tenant', $3::text, \
+                 'error', $4::text, 'extra_attempts', $5::int4, 'rate_per_sec', $6::float8)",
+        ..Columns::default()
+    };
+    audited(&replay, &insert_from(action::DLQ_REPLAYED, &columns, "done"), "count(*)")
 });
 
 /// Puts matching dead jobs back in the queue, oldest first, due one every `1 / rate_per_sec`
-/// seconds, each allowed `extra_attempts` more attempts. Returns how many.
-pub async fn replay(db: &PgPool, req: &Replay) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(sqlx::AssertSqlSafe(REPLAY.as_str()))
+/// seconds, each allowed `extra_attempts` more attempts, with one `dlq.replayed` audit row by `actor`.
+/// Returns how many.
+pub async fn replay(db: &PgPool, req: &Replay, actor: &Actor) -> Result<u64, sqlx::Error> {
+    let replayed: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(REPLAY.as_str()))
         .bind(req.max)
         .bind(&req.filter.class)
         .bind(&req.filter.tenant)
         .bind(&req.filter.error)
         .bind(req.extra_attempts)
         .bind(req.rate_per_sec)
-        .execute(db)
+        .bind(&actor.name)
+        .bind(&actor.request_id)
+        .fetch_one(db)
         .await?;
-    Ok(done.rows_affected())
+    Ok(replayed as u64)
 }

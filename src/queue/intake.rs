@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use sqlx::PgPool;
 
+use crate::auth::Caller;
 use crate::config::OverloadMode;
 use crate::queue::enqueue;
 use crate::queue::runtime::QueueRuntime;
@@ -23,7 +24,9 @@ pub const MAX_LABEL: usize = 128;
 pub struct NewJob {
     /// Class, e.g. `otp`.
     pub class: String,
-    /// Tenant (the product or customer the message belongs to).
+    /// Tenant (the product or customer the message belongs to). May be left out by a key bound to
+    /// exactly one tenant, which then supplies it.
+    #[serde(default)]
     pub tenant: String,
     /// Phone number, device token, ….
     pub recipient: String,
@@ -127,9 +130,28 @@ pub enum SubmitError {
         /// When to come back.
         retry_after: Duration,
     },
+    /// The caller's key is bound to other tenants (403).
+    #[error("this API key may not act for tenant {0:?}")]
+    Forbidden(String),
     /// The database failed.
     #[error(transparent)]
     Database(#[from] sqlx::Error),
+}
+
+/// The tenant rule of a key: a job that names no tenant takes the caller's only one; a job may only
+/// name a tenant the caller may act for. So with a tenant-bound key, a job's tenant is a fact of the
+/// credential, and fairness caps cannot be dodged by renaming.
+fn apply_tenant(job: &mut NewJob, caller: &Caller) -> Result<(), SubmitError> {
+    if job.tenant.trim().is_empty()
+        && let Some(only) = caller.only_tenant()
+    {
+        job.tenant = only.to_string();
+    }
+    job.normalize();
+    if !job.tenant.is_empty() && !caller.may_act_for(&job.tenant) {
+        return Err(SubmitError::Forbidden(job.tenant.clone()));
+    }
+    Ok(())
 }
 
 /// What [`submit_one`] did.
@@ -152,15 +174,17 @@ fn delay_or_shed(rt: &QueueRuntime, stats: &QueueStats, class: &str, jobs: u64) 
     }
 }
 
-/// Validates and enqueues one job. A repeated idempotency key returns the existing job, even while
-/// intake is shedding its class (a retried request must get its answer).
+/// Validates and enqueues one job for `caller` (see [`SubmitError::Forbidden`] for tenants). A
+/// repeated idempotency key returns the existing job, even while intake is shedding its class (a
+/// retried request must get its answer).
 pub async fn submit_one(
     db: &PgPool,
     rt: &QueueRuntime,
     stats: &QueueStats,
+    caller: &Caller,
     mut job: NewJob,
 ) -> Result<Submitted, SubmitError> {
-    job.normalize();
+    apply_tenant(&mut job, caller)?;
     job.validate(rt).map_err(|e| SubmitError::Invalid(e.0))?;
     if let Some(key) = &job.idempotency_key
         && let Some(id) = enqueue::existing(db, &job.tenant, key).await?
@@ -221,6 +245,7 @@ pub async fn submit_batch(
     db: &PgPool,
     rt: &QueueRuntime,
     stats: &QueueStats,
+    caller: &Caller,
     req: BatchRequest,
 ) -> Result<BatchSubmitted, SubmitError> {
     let max = rt.settings.max_batch;
@@ -239,7 +264,7 @@ pub async fn submit_batch(
             payload: j.payload,
             idempotency_key: j.idempotency_key,
         };
-        job.normalize();
+        apply_tenant(&mut job, caller)?;
         job.validate(rt).map_err(|e| SubmitError::Invalid(format!("jobs[{i}]: {}", e.0)))?;
         jobs.push(job);
     }

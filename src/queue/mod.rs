@@ -15,6 +15,7 @@
 //! - [`listen`]: the LISTEN relay that wakes idle claimers.
 //! - [`sweep`]: the sweeper — lease rescue, deadline expiry, retention purge.
 //! - [`provider`]: the `Provider` trait, the HTTP provider, adaptive per-provider limits.
+//! - [`scrub`]: provider error texts without URLs or credentials, bounded, before they are kept.
 //! - [`fake_provider`]: `cifpool fake-provider`, a provider double with latency, errors and hangs.
 //!
 //! Watching it:
@@ -30,6 +31,7 @@ pub mod listen;
 pub mod policy;
 pub mod provider;
 pub mod runtime;
+pub mod scrub;
 pub mod stats;
 pub mod status;
 pub mod store;

@@ -154,7 +154,7 @@ static MARK_FINAL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-static HEARTBEAT: LazyLock<String> = LazyLock::new(|| JOBS.extend_sql(&SENDING, "id = $3"));
+static HEARTBEAT: LazyLock<String> = LazyLock::new(|| JOBS.extend_sql(&SENDING, "id = $3", "lease_expires_at"));
 
 /// The provider accepted it: `sent` with its result (provider, reference), fenced by the token, so a
 /// job's result is written once, by the worker that still held it.
@@ -202,7 +202,9 @@ pub async fn mark_sent_many(
 }
 
 /// A transient failure: back to the queue after `delay`, worker freed at once.
+/// The error text is kept scrubbed ([`crate::queue::scrub::scrub_error`]).
 pub async fn mark_retry(db: &PgPool, job: &ClaimedJob, delay: Duration, error: &str) -> Result<Fenced, sqlx::Error> {
+    let error = crate::queue::scrub::scrub_error(error);
     let done = sqlx::query(sqlx::AssertSqlSafe(MARK_RETRY.as_str()))
         .bind(job.token)
         .bind(job.id)
@@ -215,7 +217,9 @@ pub async fn mark_retry(db: &PgPool, job: &ClaimedJob, delay: Duration, error: &
 
 /// Finishes the job as `dead` or `expired` with `error`, fenced; a `sent` finish goes through
 /// [`mark_sent`], which also records the provider's reference.
+/// The error text is kept scrubbed ([`crate::queue::scrub::scrub_error`]).
 pub async fn mark_final(db: &PgPool, job: &ClaimedJob, state: JobStatus, error: &str) -> Result<Fenced, sqlx::Error> {
+    let error = crate::queue::scrub::scrub_error(error);
     debug_assert!(matches!(state, JobStatus::Dead | JobStatus::Expired), "{state} is not a failed final state");
     let done = sqlx::query(sqlx::AssertSqlSafe(MARK_FINAL.as_str()))
         .bind(job.token)
@@ -249,6 +253,7 @@ static RESCUE: LazyLock<String> = LazyLock::new(|| {
         "TRUE",
         "run_after = now(), last_error = 'lease expired: worker lost during send', \
          finished_at = CASE WHEN t.attempts >= t.max_attempts THEN clock_timestamp() END",
+        "",
         "t.id",
     )
 });

@@ -15,8 +15,10 @@ use cifpool::state::AppState;
 pub struct TestApp {
     /// `http://127.0.0.1:PORT`
     pub base: String,
-    /// HTTP client.
+    /// HTTP client that sends [`TestApp::key`] unless a request sets its own `Authorization`.
     pub client: reqwest::Client,
+    /// An API key with every scope, created for this app.
+    pub key: String,
     /// Shared state of the running app (to drive jobs directly).
     pub state: AppState,
     running: RunningApp,
@@ -34,15 +36,35 @@ impl TestApp {
     }
 }
 
-impl From<RunningApp> for TestApp {
-    fn from(running: RunningApp) -> TestApp {
+impl TestApp {
+    async fn start(app: Application) -> TestApp {
+        let key = create_key(&app.state().db, &cifpool::auth::Scope::ALL, None).await;
+        let running = app.spawn();
         TestApp {
             base: running.base_url.clone(),
-            client: reqwest::Client::new(),
+            client: client_with_key(&key),
+            key,
             state: running.state.clone(),
             running,
         }
     }
+}
+
+/// A client that authenticates with `key` (a request's own `Authorization` header wins).
+pub fn client_with_key(key: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {key}").parse().unwrap());
+    reqwest::Client::builder().default_headers(headers).build().unwrap()
+}
+
+/// Creates an API key with `scopes` (and `tenants`) under a fresh name; returns its secret.
+pub async fn create_key(db: &sqlx::PgPool, scopes: &[cifpool::auth::Scope], tenants: Option<&[&str]>) -> String {
+    let new = cifpool::auth::api_key::NewKey {
+        name: format!("test-{}", uuid::Uuid::new_v4().simple()),
+        scopes: scopes.iter().map(|s| s.as_str().to_string()).collect(),
+        tenants: tenants.map(|t| t.iter().map(|s| s.to_string()).collect()),
+    };
+    cifpool::auth::api_key::create(db, &cifpool::audit::Actor::system(), &new).await.expect("creating a test key").key
 }
 
 /// Builds the app on the database of `settings` (tests always name one) with the test master key.
@@ -55,7 +77,7 @@ async fn build_app(settings: Settings) -> Application {
 
 /// Builds and runs the app with `settings`, background work included.
 pub async fn spawn_app_with(settings: Settings) -> TestApp {
-    build_app(settings).await.spawn().into()
+    TestApp::start(build_app(settings).await).await
 }
 
 /// The fixed master key of the test suite.
@@ -96,7 +118,7 @@ pub const TEST_ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
 /// HTTP only, no schedules or start-up refill: the test drives refill and reclaim itself.
 pub async fn spawn_passive_app(settings: Settings) -> TestApp {
-    build_app(settings).await.without_background().spawn().into()
+    TestApp::start(build_app(settings).await.without_background()).await
 }
 
 /// A fresh database and an app on it.

@@ -26,6 +26,7 @@ async fn reserve_and_refill_write_json_with_positive_figures() {
     args.duration = 1.0;
     args.concurrency = vec![1, 4];
     args.rate = 200.0;
+    args.auth_concurrency = 2;
     args.raw = RawMode::Auto;
     args.no_progress = true;
     let path = run_on(&connect, &settings, &args).await.expect("bench reserve");
@@ -43,6 +44,15 @@ async fn reserve_and_refill_write_json_with_positive_figures() {
         positive(&level["service_over_raw"], "ratio");
         assert!(level["service"]["errors"].as_object().unwrap().is_empty(), "errors: {level}");
     }
+    let auth = &json["results"]["auth"];
+    for side in ["with_auth_per_s", "without_auth_per_s"] {
+        let runs = auth[side].as_array().unwrap();
+        assert_eq!(runs.len(), 2, "{auth}");
+        for r in runs {
+            positive(r, side);
+        }
+    }
+    assert!(auth["overhead"].is_number(), "{auth}");
     let fixed = &json["results"]["fixed_rate"];
     positive(&fixed["achieved_rate"], "fixed-rate achieved");
     positive(&fixed["latency"]["p99_ms"], "fixed-rate p99");

@@ -96,6 +96,10 @@ pub struct BenchArgs {
     /// reserve: open-loop request rate (req/s) for the fixed-rate latency run; 0 skips it.
     #[arg(long, default_value_t = 1000.0)]
     pub rate: f64,
+    /// reserve: clients of the authentication A/B (with and without key checks, alternating, 4 runs of
+    /// --duration); 0 skips it.
+    #[arg(long, default_value_t = 16)]
+    pub auth_concurrency: usize,
     /// reserve: how to run the equivalent raw SQL claim.
     #[arg(long, value_enum, default_value_t = RawMode::Auto)]
     pub raw: RawMode,
@@ -344,14 +348,41 @@ pub(crate) fn use_noop_providers(settings: &mut Settings) {
 }
 
 /// The real service started in-process on the bench database (its own connection pool, a throw-away
-/// master key: the scratch database is re-created by every run), listening on an ephemeral port.
-pub(crate) async fn start_service(connect: &PgConnectOptions, mut settings: Settings) -> anyhow::Result<RunningApp> {
+/// master key shared by every service of this process: the scratch database is re-created by every
+/// run), listening on an ephemeral port.
+pub(crate) async fn start_service(connect: &PgConnectOptions, settings: Settings) -> anyhow::Result<RunningApp> {
+    Ok(build_service(connect, settings).await?.spawn())
+}
+
+/// [`start_service`] before it is spawned, for runs that adjust it first.
+pub(crate) async fn build_service(connect: &PgConnectOptions, mut settings: Settings) -> anyhow::Result<Application> {
+    static MASTER: std::sync::OnceLock<cifpool::keys::MasterKey> = std::sync::OnceLock::new();
     settings.server.listen = "127.0.0.1:0".parse().expect("static address");
     let db = Database::external(&settings.database, connect.clone());
-    let app = Application::build_with(settings, db, &cifpool::keys::MasterKey::generate())
+    Application::build_with(settings, db, MASTER.get_or_init(cifpool::keys::MasterKey::generate))
         .await
-        .context("starting the service under test")?;
-    Ok(app.spawn())
+        .context("starting the service under test")
+}
+
+/// An HTTP client for the services of a run: keep-alive, no Nagle, and an API key with every scope
+/// (created in the scratch database) sent with each request.
+pub(crate) async fn client(connect: &PgConnectOptions, timeout: Duration) -> anyhow::Result<reqwest::Client> {
+    let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_with(connect.clone()).await?;
+    let new = cifpool::auth::api_key::NewKey {
+        name: format!("bench-{}", chrono::Utc::now().timestamp_micros()),
+        scopes: cifpool::auth::Scope::ALL.iter().map(|s| s.as_str().to_string()).collect(),
+        tenants: None,
+    };
+    let created = cifpool::auth::api_key::create(&db, &cifpool::audit::Actor::system(), &new).await?;
+    db.close().await;
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {}", created.key).parse()?);
+    Ok(reqwest::Client::builder()
+        .default_headers(headers)
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(usize::MAX)
+        .timeout(timeout)
+        .build()?)
 }
 
 /// Stops a service of [`start_service`] (graceful shutdown, as on SIGTERM) and waits until it has.

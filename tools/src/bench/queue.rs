@@ -170,7 +170,7 @@ pub async fn run(
     otp_settings.queue.groups.clear();
 
     let intake = super::start_service(connect, intake_settings).await?;
-    let client = reqwest::Client::builder().tcp_nodelay(true).timeout(Duration::from_secs(600)).build()?;
+    let client = super::client(connect, Duration::from_secs(600)).await?;
     let result = async {
         clear(&harness).await?;
         let enqueue = enqueue_phase(&client, &intake.base_url, &harness, opts).await?;

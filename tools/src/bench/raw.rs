@@ -31,16 +31,23 @@ impl RawMethod {
     }
 }
 
-/// The service's claim as a pgbench script: its binds become pgbench variables (`-D`), so with
-/// `-M prepared` the server sees the same prepared statement with the same parameter positions.
+/// The service's claim (audit row included) as a pgbench script: its binds become pgbench variables
+/// (`-D`), so with `-M prepared` the server sees the same prepared statement with the same parameter
+/// positions.
 pub fn pgbench_script() -> String {
     let sql = cifpool::cif::store::reserve_sql()
         .replace("$1", ":lim")
         .replace("$2", ":lease")
         .replace("$3", ":pool_id")
-        .replace("$4", ":holder");
+        .replace("$4", ":holder")
+        .replace("$5", ":actor")
+        .replace("$6", ":request_id")
+        .replace("$7", ":pool_name");
     format!("{sql};\n")
 }
+
+/// The actor and request id the raw side's audit rows carry.
+const RAW_ACTOR: &str = "bench-raw";
 
 pub(crate) async fn pgbench_level(
     bin: &std::path::Path,
@@ -64,7 +71,8 @@ pub(crate) async fn pgbench_level(
         .arg("-f")
         .arg(&script)
         .args(["-D", "lim=1", "-D", &format!("lease={lease}"), "-D", &format!("pool_id={}", pool.id)])
-        .args(["-D", &format!("holder={HOLDER}")])
+        .args(["-D", &format!("holder={HOLDER}"), "-D", &format!("actor={RAW_ACTOR}"), "-D", "request_id=raw"])
+        .args(["-D", &format!("pool_name={}", pool.name())])
         .envs(libpq_env(connect))
         .current_dir(&run_dir)
         .output()
@@ -156,9 +164,10 @@ pub(crate) async fn sqlx_level(
     let (stop, tick) = ticker(bar, started, done.clone(), secs * 1000);
     let lease = pool.settings.lease_ttl.as_secs_f64();
     let pool_id = pool.id;
+    let pool_name = pool.name().to_string();
     let mut tasks = tokio::task::JoinSet::new();
     for mut conn in conns {
-        let done = done.clone();
+        let (done, pool_name) = (done.clone(), pool_name.clone());
         tasks.spawn(async move {
             let (mut lat, mut failed, mut n) = (Vec::new(), 0u64, 0u64);
             while Instant::now() < deadline {
@@ -168,6 +177,9 @@ pub(crate) async fn sqlx_level(
                     .bind(lease)
                     .bind(pool_id)
                     .bind(HOLDER)
+                    .bind(RAW_ACTOR)
+                    .bind("raw")
+                    .bind(&pool_name)
                     .fetch_optional(&mut *conn)
                     .await;
                 n += 1;

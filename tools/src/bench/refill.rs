@@ -149,7 +149,7 @@ async fn measure(db: &PgPool, opts: &RefillBenchOptions) -> anyhow::Result<(Refi
         let bar = super::bar(opts.progress, "refill()", opts.codes, "codes");
         let watcher = watch_counter(db.clone(), pool.clone(), bar.clone());
         let started = Instant::now();
-        let summary = refill(db, &pool, RefillOptions { force: true }).await?;
+        let summary = refill(db, &pool, RefillOptions { force: true, ..Default::default() }).await?;
         let elapsed = started.elapsed();
         watcher.abort();
         bar.set_position(summary.codes_added);

@@ -54,6 +54,9 @@ pub struct ReserveOptions {
     pub concurrency: Vec<usize>,
     /// Open-loop rate for the fixed-rate run, req/s; 0 skips it.
     pub rate: f64,
+    /// Concurrency of the authentication A/B (runs with and without key checks, alternating); 0
+    /// skips it.
+    pub auth_concurrency: usize,
     /// Raw-SQL side.
     pub raw: RawMode,
     /// Directory for pgbench's script and logs (a `pgbench/` scratch directory is made inside).
@@ -70,6 +73,7 @@ impl ReserveOptions {
             seconds: (args.duration.round() as u64).max(1),
             concurrency: args.concurrency.clone(),
             rate: args.rate,
+            auth_concurrency: args.auth_concurrency,
             raw: args.raw,
             scratch: args.out.clone(),
             progress: !args.no_progress,
@@ -157,11 +161,27 @@ pub struct FixedRate {
     pub max_in_flight: usize,
 }
 
+/// What checking API keys costs: the same closed loop against the service with authentication and
+/// against a second instance on the same database without it, alternating, back to back.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuthOverhead {
+    /// Clients.
+    pub concurrency: usize,
+    /// Reservations/s of each run with keys checked, in run order.
+    pub with_auth_per_s: Vec<f64>,
+    /// Reservations/s of each run without authentication, in run order.
+    pub without_auth_per_s: Vec<f64>,
+    /// `1 - mean(with) / mean(without)`: the share of throughput authentication costs.
+    pub overhead: f64,
+}
+
 /// Figures of a `reserve` run.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReserveResults {
     /// Per concurrency level.
     pub levels: Vec<Level>,
+    /// The authentication A/B, when run.
+    pub auth: Option<AuthOverhead>,
     /// Open-loop latency at a fixed rate.
     pub fixed_rate: Option<FixedRate>,
     /// The statement both sides run (`$1` limit = 1, `$2` lease seconds, `$3` pool id, `$4` holder).
@@ -182,6 +202,7 @@ pub async fn run(
     app_settings.queue.workers_enabled = false;
     app_settings.pools = vec![bench_pool(POOL, "7", 10_000, 10)];
     let db_settings = app_settings.database.clone();
+    let unauth_settings = app_settings.clone();
     let service = super::start_service(connect, app_settings).await?;
     let pool = service.state.pools.get(POOL).cloned().context("bench pool missing")?;
 
@@ -206,11 +227,7 @@ pub async fn run(
     };
 
     let result = async {
-        let client = reqwest::Client::builder()
-            .tcp_nodelay(true)
-            .pool_max_idle_per_host(usize::MAX)
-            .timeout(Duration::from_secs(30))
-            .build()?;
+        let client = super::client(connect, Duration::from_secs(30)).await?;
         let url = format!("{}/v1/cif", service.base_url);
         let secs = opts.seconds;
         let mut best_rate = INITIAL_RATE_GUESS;
@@ -258,6 +275,28 @@ pub async fn run(
             let ratio = raw.as_ref().filter(|r| r.rate_per_s > 0.0).map(|r| service.rate_per_s / r.rate_per_s);
             levels.push(Level { concurrency: c, service, raw, service_over_raw: ratio });
         }
+        let auth = if opts.auth_concurrency > 0 {
+            let c = opts.auth_concurrency;
+            let open = super::build_service(connect, unauth_settings.clone()).await?.without_authentication().spawn();
+            let open_url = format!("{}/v1/cif", open.base_url);
+            let (mut with, mut without) = (Vec::new(), Vec::new());
+            for round in 0..4 {
+                reset(&harness, &pool, (best_rate * 1.5 * secs as f64 * 1.5) as u64 + 1000).await?;
+                let checked = round % 2 == 0;
+                let target = if checked { &url } else { &open_url };
+                let level = closed_loop(&client, target, c, secs, opts.progress).await;
+                if !level.errors.is_empty() {
+                    notes.push(format!("auth A/B (checked: {checked}): non-201 responses {:?}", level.errors));
+                }
+                if checked { with.push(level.rate_per_s) } else { without.push(level.rate_per_s) }
+            }
+            super::stop_service(open).await;
+            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+            let overhead = 1.0 - mean(&with) / mean(&without);
+            Some(AuthOverhead { concurrency: c, with_auth_per_s: with, without_auth_per_s: without, overhead })
+        } else {
+            None
+        };
         let fixed_rate = if opts.rate > 0.0 {
             reset(&harness, &pool, (opts.rate * secs as f64 * 1.5) as u64 + 1000).await?;
             let fixed = open_loop(&client, &url, opts.rate, secs, opts.progress).await;
@@ -274,7 +313,12 @@ pub async fn run(
         } else {
             None
         };
-        anyhow::Ok(ReserveResults { levels, fixed_rate, claim_sql: cifpool::cif::store::reserve_sql().to_string() })
+        anyhow::Ok(ReserveResults {
+            levels,
+            auth,
+            fixed_rate,
+            claim_sql: cifpool::cif::store::reserve_sql().to_string(),
+        })
     }
     .await;
 
@@ -293,13 +337,14 @@ pub async fn run(
         "seconds_per_level": opts.seconds,
         "concurrency": opts.concurrency,
         "fixed_rate": opts.rate,
+        "auth_concurrency": opts.auth_concurrency,
         "raw": opts.raw,
         "raw_method": raw_method.as_ref().map(RawMethod::name),
         "pool": { "name": POOL, "digits": 9, "check": "damm", "prefix": "7" },
         "service_database_max_connections": db_settings.max_connections,
         "service_database_acquire_timeout_ms": db_settings.acquire_timeout.as_millis() as u64,
         "client": "reqwest, keep-alive pool, one tokio task per client, in the same process as the service",
-        "pgbench": "pgbench -n -M prepared -c C -j min(C,2) -T secs -f claim.sql -D lim=1 -D lease=3600 -D pool_id=ID -D holder=bench -l",
+        "pgbench": "pgbench -n -M prepared -c C -j min(C,2) -T secs -f claim.sql -D lim=1 -D lease=3600 -D pool_id=ID -D holder=bench -D actor=bench-raw -D request_id=raw -D pool_name=bench -l",
     });
     Ok(BenchReport { target: "reserve".into(), parameters, machine, results, notes })
 }
@@ -317,7 +362,9 @@ async fn reset(db: &PgPool, pool: &Pool, need: u64) -> anyhow::Result<u64> {
     .context("releasing the codes of the previous phase")?;
     let mut available = available(db, pool).await?;
     while available < need {
-        let summary = refill(db, pool, RefillOptions { force: true }).await.context("pre-filling the bench pool")?;
+        let summary = refill(db, pool, RefillOptions { force: true, ..Default::default() })
+            .await
+            .context("pre-filling the bench pool")?;
         match summary.outcome {
             RefillOutcome::Busy => tokio::time::sleep(Duration::from_millis(50)).await,
             RefillOutcome::Exhausted => anyhow::bail!("the bench pool's domain is exhausted"),
@@ -481,6 +528,16 @@ pub fn table(report: &BenchReport<ReserveResults>) -> String {
         &["clients", "service/s", "p50 ms", "p99 ms", "raw/s", "raw p50", "raw p99", "service/raw"],
         &rows,
     ));
+    if let Some(a) = &report.results.auth {
+        let runs = |v: &[f64]| v.iter().map(|x| thousands(*x)).collect::<Vec<_>>().join(", ");
+        out.push_str(&format!(
+            "\nauthentication at c={}: with keys {} /s, without {} /s: costs {:.1} % of throughput\n",
+            a.concurrency,
+            runs(&a.with_auth_per_s),
+            runs(&a.without_auth_per_s),
+            a.overhead * 100.0
+        ));
+    }
     if let Some(f) = &report.results.fixed_rate {
         let l = f.latency.as_ref();
         out.push_str(&format!(

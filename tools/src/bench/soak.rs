@@ -139,7 +139,7 @@ pub async fn run(
     let start = db_now(&harness).await?;
     let started = Instant::now();
     let length = Duration::from_secs_f64(opts.minutes * 60.0);
-    let client = reqwest::Client::builder().tcp_nodelay(true).timeout(Duration::from_secs(30)).build()?;
+    let client = super::client(connect, Duration::from_secs(30)).await?;
     let errors = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
     let confirmed_at = Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
     let done = Arc::new(AtomicU64::new(0));

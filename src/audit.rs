@@ -1,0 +1,276 @@
+//! The audit trail: who did what to which CIF, pool, dead letter or key, and when.
+//!
+//! `audit_events` is append-only (triggers refuse UPDATE, DELETE and TRUNCATE). Every row is written by
+//! the statement or transaction that makes the change it records: a CIF transition adds its row in the
+//! same statement ([`audited`] wraps the transition as a CTE), a refill batch in its own transaction,
+//! a key change beside the key row. So a change cannot commit without its row, and a change that rolls
+//! back leaves none.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+/// Who acts: the name a row carries as its actor, and the request that carried it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    /// An API key's name, `bootstrap` (the admin token) or `system` (schedules and sweeps).
+    pub name: String,
+    /// The request's `X-Request-Id`, when the action came over HTTP.
+    pub request_id: Option<String>,
+}
+
+impl Actor {
+    /// The service itself: scheduled refills and reclaims, the sweeper.
+    pub fn system() -> Actor {
+        Actor { name: SYSTEM.into(), request_id: None }
+    }
+
+    /// An operator at the command line (`cifpool keys …`): recorded as `cli` plus the OS user.
+    pub fn cli() -> Actor {
+        let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+        Actor { name: format!("cli:{user}"), request_id: None }
+    }
+}
+
+/// The actor name of the service's own work.
+pub const SYSTEM: &str = "system";
+
+/// What the audited actions are called.
+pub mod action {
+    /// A code was reserved.
+    pub const CIF_RESERVED: &str = "cif.reserved";
+    /// A reservation was served again for a repeated `Idempotency-Key`.
+    pub const CIF_REPLAYED: &str = "cif.replayed";
+    /// A code was confirmed: it is a customer's number for good.
+    pub const CIF_CONFIRMED: &str = "cif.confirmed";
+    /// A hold was released by its holder.
+    pub const CIF_RELEASED: &str = "cif.released";
+    /// A hold's lease was extended.
+    pub const CIF_EXTENDED: &str = "cif.extended";
+    /// A hold whose lease expired was taken back (by the schedule or an admin).
+    pub const CIF_RECLAIMED: &str = "cif.reclaimed";
+    /// A refill batch generated codes (detail: the counters).
+    pub const POOL_REFILLED: &str = "pool.refilled";
+    /// Dead letters were put back in the queue (detail: filter, pace, count).
+    pub const DLQ_REPLAYED: &str = "dlq.replayed";
+    /// An API key was created (detail: scopes, tenants).
+    pub const KEY_CREATED: &str = "key.created";
+    /// An API key was revoked.
+    pub const KEY_REVOKED: &str = "key.revoked";
+}
+
+/// The statement `statement` (whose `RETURNING` rows are the CTE `done`) followed, in the same
+/// statement, by `insert` (an [`insert_from`] reading `done`), answering `SELECT {result} FROM done`.
+pub fn audited(statement: &str, insert: &str, result: &str) -> String {
+    format!("WITH done AS ({statement}), audit AS ({insert}) SELECT {result} FROM done")
+}
+
+/// The SQL expressions of one audit row's columns; unset ones are `NULL`.
+#[derive(Debug, Clone, Copy)]
+pub struct Columns<'a> {
+    /// The actor's name.
+    pub actor: &'a str,
+    /// The request id.
+    pub request_id: &'a str,
+    /// The pool's name.
+    pub pool: &'a str,
+    /// The code.
+    pub cif: &'a str,
+    /// The holder (pod) named by the request or recorded on the hold.
+    pub holder: &'a str,
+    /// The caller's reference for the customer.
+    pub customer_ref: &'a str,
+    /// A `jsonb` value with the rest.
+    pub detail: &'a str,
+}
+
+impl Default for Columns<'_> {
+    fn default() -> Self {
+        Columns {
+            actor: "NULL",
+            request_id: "NULL",
+            pool: "NULL",
+            cif: "NULL",
+            holder: "NULL",
+            customer_ref: "NULL",
+            detail: "NULL",
+        }
+    }
+}
+
+/// `INSERT INTO audit_events … SELECT '{action}', {columns} FROM {from}`: one row per row of `from`.
+pub fn insert_from(action: &str, columns: &Columns<'_>, from: &str) -> String {
+    let Columns { actor, request_id, pool, cif, holder, customer_ref, detail } = columns;
+    format!(
+        "INSERT INTO audit_events (action, actor, request_id, pool, cif, holder, customer_ref, detail) \
+         SELECT '{action}', {actor}, {request_id}, {pool}, {cif}, {holder}, {customer_ref}, {detail} FROM {from}"
+    )
+}
+
+/// One event, for the actions that write their row as a statement of their own transaction.
+#[derive(Debug, Clone, Default)]
+pub struct Event<'a> {
+    /// One of [`action`].
+    pub action: &'a str,
+    /// The pool concerned.
+    pub pool: Option<&'a str>,
+    /// The code concerned.
+    pub cif: Option<&'a str>,
+    /// The rest, as JSON.
+    pub detail: Option<serde_json::Value>,
+}
+
+/// Appends `event` by `actor` on `conn` (the transaction making the change).
+pub async fn record(conn: &mut sqlx::PgConnection, actor: &Actor, event: &Event<'_>) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO audit_events (action, actor, request_id, pool, cif, detail) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(event.action)
+    .bind(&actor.name)
+    .bind(&actor.request_id)
+    .bind(event.pool)
+    .bind(event.cif)
+    .bind(&event.detail)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// One row of the trail.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct AuditEvent {
+    /// Position in the trail (increasing); the paging cursor.
+    pub id: i64,
+    /// When the change was written.
+    pub at: DateTime<Utc>,
+    /// One of [`action`].
+    pub action: String,
+    /// Key name, `bootstrap` or `system`.
+    pub actor: String,
+    /// `X-Request-Id` of the request that made the change.
+    pub request_id: Option<String>,
+    /// Pool concerned.
+    pub pool: Option<String>,
+    /// Code concerned.
+    pub cif: Option<String>,
+    /// Holder (pod) named on the hold or by the request.
+    pub holder: Option<String>,
+    /// The caller's reference for the customer (confirmations).
+    pub customer_ref: Option<String>,
+    /// The rest of what the action has to say.
+    pub detail: Option<serde_json::Value>,
+}
+
+/// Which rows a search returns; unset fields match everything.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct AuditQuery {
+    /// Only events of this code.
+    #[serde(default)]
+    pub cif: Option<String>,
+    /// Only events carrying this customer reference.
+    #[serde(default)]
+    pub customer_ref: Option<String>,
+    /// Only events by this actor.
+    #[serde(default)]
+    pub actor: Option<String>,
+    /// Only events of this action, e.g. `cif.confirmed`.
+    #[serde(default)]
+    pub action: Option<String>,
+    /// Only events at or after this time.
+    #[serde(default)]
+    pub since: Option<DateTime<Utc>>,
+    /// Only events before this time.
+    #[serde(default)]
+    pub until: Option<DateTime<Utc>>,
+    /// Only events older than this id (the `next_cursor` of the previous page).
+    #[serde(default)]
+    pub cursor: Option<i64>,
+    /// Page size, 1 to [`MAX_PAGE`] (default 100).
+    #[serde(default)]
+    pub limit: Option<i64>,
+}
+
+/// Largest page of a search.
+pub const MAX_PAGE: i64 = 1000;
+
+impl AuditQuery {
+    /// Filter values go to SQL as text: bounded, no control characters.
+    pub fn validate(&self) -> Result<(), String> {
+        for (field, value) in
+            [("cif", &self.cif), ("customer_ref", &self.customer_ref), ("actor", &self.actor), ("action", &self.action)]
+        {
+            if let Some(v) = value {
+                crate::validate::text(field, v, 200)?;
+            }
+        }
+        if let Some(limit) = self.limit
+            && !(1..=MAX_PAGE).contains(&limit)
+        {
+            return Err(format!("limit must be between 1 and {MAX_PAGE}"));
+        }
+        if let (Some(since), Some(until)) = (self.since, self.until)
+            && since > until
+        {
+            return Err("since must not be after until".into());
+        }
+        Ok(())
+    }
+}
+
+/// A page of the trail, newest first.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditPage {
+    /// The events.
+    pub events: Vec<AuditEvent>,
+    /// Pass as `cursor` for the next (older) page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<i64>,
+}
+
+/// Searches the trail, newest first, one page at a time.
+pub async fn search(db: &PgPool, q: &AuditQuery) -> Result<AuditPage, sqlx::Error> {
+    let limit = q.limit.unwrap_or(100).clamp(1, MAX_PAGE);
+    let mut events: Vec<AuditEvent> = sqlx::query_as(
+        "SELECT id, at, action, actor, request_id, pool, cif, holder, customer_ref, detail FROM audit_events \
+         WHERE ($1::text IS NULL OR cif = $1) AND ($2::text IS NULL OR customer_ref = $2) \
+           AND ($3::text IS NULL OR actor = $3) AND ($4::text IS NULL OR action = $4) \
+           AND ($5::timestamptz IS NULL OR at >= $5) AND ($6::timestamptz IS NULL OR at < $6) \
+           AND ($7::int8 IS NULL OR id < $7) \
+         ORDER BY id DESC LIMIT $8",
+    )
+    .bind(&q.cif)
+    .bind(&q.customer_ref)
+    .bind(&q.actor)
+    .bind(&q.action)
+    .bind(q.since)
+    .bind(q.until)
+    .bind(q.cursor)
+    .bind(limit + 1)
+    .fetch_all(db)
+    .await?;
+    let next_cursor = if events.len() as i64 > limit {
+        events.truncate(limit as usize);
+        events.last().map(|e| e.id)
+    } else {
+        None
+    };
+    Ok(AuditPage { events, next_cursor })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn audited_statements_insert_from_the_change_itself() {
+        let insert =
+            insert_from(action::CIF_RELEASED, &Columns { actor: "$5", cif: "done.code", ..Columns::default() }, "done");
+        let sql = audited("UPDATE cif_codes SET state = 'available' RETURNING code", &insert, "code");
+        assert_eq!(
+            sql,
+            "WITH done AS (UPDATE cif_codes SET state = 'available' RETURNING code), audit AS (INSERT INTO \
+             audit_events (action, actor, request_id, pool, cif, holder, customer_ref, detail) SELECT \
+             'cif.released', $5, NULL, NULL, done.code, NULL, NULL, NULL FROM done) SELECT code FROM done"
+        );
+    }
+}

@@ -1,0 +1,183 @@
+//! Turning a bearer secret into a [`Caller`], with a per-pod cache.
+//!
+//! A look-up is a SHA-256 and a hash-map probe; the database is asked at most once per
+//! [`CACHE_TTL`] per key and pod (unknown secrets included, so guessing costs the database nothing),
+//! which is also the longest a revoked key keeps working on a pod that has seen it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use secrecy::{ExposeSecret, SecretString};
+use sqlx::PgPool;
+use subtle::ConstantTimeEq;
+
+use crate::auth::api_key::{self, KeyDigest};
+use crate::auth::scope::{Scope, ScopeSet};
+
+/// How long a pod trusts what it read about a key.
+pub const CACHE_TTL: Duration = Duration::from_secs(5);
+/// How often a pod records that a key was used.
+pub const TOUCH_INTERVAL: Duration = Duration::from_secs(60);
+/// Entries the cache holds before it is cleared (bounds memory under a flood of made-up secrets).
+const MAX_ENTRIES: usize = 10_000;
+/// The actor name of `security.admin_token`.
+pub const BOOTSTRAP: &str = "bootstrap";
+
+/// Who a request acts as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The key's name (`bootstrap` for the admin token): the actor of audit rows.
+    pub name: Arc<str>,
+    /// What it may do.
+    pub scopes: ScopeSet,
+    /// The only tenants it may act for; `None`: any.
+    pub tenants: Option<Arc<[String]>>,
+}
+
+impl Caller {
+    /// Whether the caller holds `scope`.
+    pub fn has(&self, scope: Scope) -> bool {
+        self.scopes.contains(scope)
+    }
+
+    /// Whether the caller may enqueue for, and read the jobs of, `tenant`.
+    pub fn may_act_for(&self, tenant: &str) -> bool {
+        self.tenants.as_ref().is_none_or(|ts| ts.iter().any(|t| t == tenant))
+    }
+
+    /// The tenant a job names implicitly: the caller's, when it is bound to exactly one.
+    pub fn only_tenant(&self) -> Option<&str> {
+        match self.tenants.as_deref() {
+            Some([only]) => Some(only),
+            _ => None,
+        }
+    }
+}
+
+/// Why a request is not authenticated (401).
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// No usable `Authorization: Bearer` header, or a secret no key has, or a revoked key.
+    #[error("missing, unknown or revoked API key")]
+    Unauthenticated,
+    /// The key could not be looked up.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+struct Cached {
+    caller: Option<Caller>,
+    fetched: Instant,
+}
+
+/// Authenticates bearer secrets against `api_keys` and the bootstrap admin token.
+pub struct Authenticator {
+    db: PgPool,
+    bootstrap: Option<SecretString>,
+    cache: Mutex<HashMap<KeyDigest, Cached>>,
+    touched: Mutex<HashMap<Arc<str>, Instant>>,
+    enforce: bool,
+}
+
+impl Authenticator {
+    /// Checks keys in `db`; `bootstrap` is `security.admin_token` (an `admin`-scoped caller).
+    pub fn new(db: PgPool, bootstrap: Option<SecretString>) -> Authenticator {
+        Authenticator { db, bootstrap, cache: Mutex::default(), touched: Mutex::default(), enforce: true }
+    }
+
+    /// Lets every request through as an all-scopes caller named `unauthenticated`. Only for measuring
+    /// what authentication costs (`cifpool-tools bench reserve`); no configuration reaches it.
+    pub fn disabled(db: PgPool) -> Authenticator {
+        Authenticator { enforce: false, ..Authenticator::new(db, None) }
+    }
+
+    /// The caller `secret` (the bearer token as presented) authenticates, if any.
+    pub async fn authenticate(&self, secret: Option<&str>) -> Result<Caller, AuthError> {
+        if !self.enforce {
+            return Ok(Caller {
+                name: "unauthenticated".into(),
+                scopes: Scope::ALL.into_iter().collect(),
+                tenants: None,
+            });
+        }
+        let secret = secret.filter(|s| !s.is_empty()).ok_or(AuthError::Unauthenticated)?;
+        if let Some(token) = &self.bootstrap {
+            // Fixed-size digests compared in constant time hide the token's content and length.
+            let given = api_key::digest(secret);
+            if bool::from(given.ct_eq(&api_key::digest(token.expose_secret()))) {
+                return Ok(Caller {
+                    name: BOOTSTRAP.into(),
+                    scopes: [Scope::Admin].into_iter().collect(),
+                    tenants: None,
+                });
+            }
+        }
+        if !secret.starts_with(api_key::PREFIX) {
+            return Err(AuthError::Unauthenticated);
+        }
+        let digest = api_key::digest(secret);
+        let caller = match self.cached(&digest) {
+            Some(hit) => hit,
+            None => self.fetch(digest).await?,
+        };
+        let caller = caller.ok_or(AuthError::Unauthenticated)?;
+        self.touch(&caller);
+        Ok(caller)
+    }
+
+    fn cached(&self, digest: &KeyDigest) -> Option<Option<Caller>> {
+        let cache = self.cache.lock().expect("key cache lock");
+        cache.get(digest).filter(|c| c.fetched.elapsed() < CACHE_TTL).map(|c| c.caller.clone())
+    }
+
+    async fn fetch(&self, digest: KeyDigest) -> Result<Option<Caller>, sqlx::Error> {
+        let key = api_key::find(&self.db, &digest).await?;
+        let caller = key.filter(|k| k.revoked_at.is_none()).map(|k| Caller {
+            name: k.name.into(),
+            scopes: k.scopes.set(),
+            tenants: k.tenants.map(Into::into),
+        });
+        let mut cache = self.cache.lock().expect("key cache lock");
+        if cache.len() >= MAX_ENTRIES {
+            cache.clear();
+        }
+        cache.insert(digest, Cached { caller: caller.clone(), fetched: Instant::now() });
+        Ok(caller)
+    }
+
+    /// Records the key's use in the background, at most once per [`TOUCH_INTERVAL`] on this pod.
+    fn touch(&self, caller: &Caller) {
+        {
+            let mut touched = self.touched.lock().expect("touch lock");
+            match touched.get(&caller.name) {
+                Some(at) if at.elapsed() < TOUCH_INTERVAL => return,
+                _ => {
+                    touched.insert(caller.name.clone(), Instant::now());
+                }
+            }
+        }
+        let (db, name) = (self.db.clone(), caller.name.clone());
+        tokio::spawn(async move {
+            if let Err(e) = api_key::touch(&db, &name).await {
+                tracing::debug!(key = %name, error = %e, "could not record the key's last use");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_bound_callers_act_only_for_their_tenants() {
+        let any = Caller { name: "svc".into(), scopes: ScopeSet::default(), tenants: None };
+        assert!(any.may_act_for("bank") && any.only_tenant().is_none());
+        let one = Caller { tenants: Some(vec!["bank".to_string()].into()), ..any.clone() };
+        assert!(one.may_act_for("bank") && !one.may_act_for("shop"));
+        assert_eq!(one.only_tenant(), Some("bank"));
+        let two = Caller { tenants: Some(vec!["a".to_string(), "b".to_string()].into()), ..any };
+        assert!(two.only_tenant().is_none() && two.may_act_for("b"));
+    }
+}
