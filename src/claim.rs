@@ -62,6 +62,12 @@ pub struct ClaimSpec<'a> {
     pub set: &'a str,
     /// `RETURNING` list (columns of the updated row `t`).
     pub returning: &'a str,
+    /// Extra columns of the picked rows for `gate` to read, e.g. `, tenant, class` (empty for none).
+    pub carry: &'a str,
+    /// CTEs run on the picked rows before any is claimed (empty for none), e.g. a per-tenant cap.
+    /// They read `picked` and must define `admitted` with the key columns: only those rows are
+    /// claimed; the others stay locked until the statement ends and are then left as they were.
+    pub gate: &'a str,
 }
 
 /// Which unheld rows a batch transition picks.
@@ -102,27 +108,33 @@ impl ClaimTable {
         let ClaimTable { table, state, token, lease, .. } = *self;
         let keys = self.key.join(", ");
         let extra_set = if spec.set.trim().is_empty() { String::new() } else { format!(", {}", spec.set) };
+        let (gate, source) = if spec.gate.trim().is_empty() {
+            (String::new(), "picked")
+        } else {
+            (format!(", {}", spec.gate), "admitted")
+        };
         format!(
             "WITH picked AS ( \
-                SELECT {keys} FROM {table} \
+                SELECT {keys}{carry} FROM {table} \
                 WHERE {state} IN ({free}) AND ({filter}) \
                 ORDER BY {order_by} \
                 LIMIT $1 \
                 FOR UPDATE SKIP LOCKED \
-             ) \
+             ){gate} \
              UPDATE {table} AS t \
              SET {state} = {held}, {token} = gen_random_uuid(), \
                  {lease} = now() + $2::float8 * interval '1 second'{extra_set} \
-             FROM picked \
-             WHERE ({tkeys}) = ({pkeys}) \
+             FROM {source} \
+             WHERE ({tkeys}) = ({skeys}) \
              RETURNING {returning}",
+            carry = spec.carry,
             free = spec.free,
             filter = spec.filter,
             order_by = spec.order_by,
             held = spec.held,
             returning = spec.returning,
             tkeys = self.key_list("t"),
-            pkeys = self.key_list("picked"),
+            skeys = self.key_list(source),
         )
     }
 
@@ -270,6 +282,8 @@ mod tests {
             order_by: "priority, id",
             set: "attempts = t.attempts + 1",
             returning: "t.id, t.token",
+            carry: "",
+            gate: "",
         });
         for clause in
             ["FOR UPDATE SKIP LOCKED", "LIMIT $1", "gen_random_uuid()", "ORDER BY priority, id", "(t.id) = (picked.id)"]

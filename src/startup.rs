@@ -190,6 +190,18 @@ impl RunningApp {
     }
 }
 
+impl RunningApp {
+    /// Stops the service at once, as a crash would (tests of what the other instances do): no drain,
+    /// no hand-back, its leases and provider shares left to expire. Sends already handed to the
+    /// provider still complete.
+    pub fn abort(mut self) {
+        self.stop.take();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
 impl Drop for RunningApp {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {

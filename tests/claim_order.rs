@@ -32,7 +32,7 @@ fn jobs() -> impl Strategy<Value = Vec<(i16, f64)>> {
 
 /// Inserts the jobs, then claims them one at a time with the real claim statement of a group with
 /// `order`; returns the ids in claim order and in the order `GroupPolicy::compare` gives.
-async fn both_orders(db: &PgPool, order: ClaimOrder, jobs: &[(i16, f64)]) -> (Vec<i64>, Vec<i64>) {
+async fn both_orders(db: &PgPool, order: ClaimOrder, capped: bool, jobs: &[(i16, f64)]) -> (Vec<i64>, Vec<i64>) {
     sqlx::query("TRUNCATE notification_jobs").execute(db).await.unwrap();
     let mut keys = Vec::new();
     for &(priority, fair_key) in jobs {
@@ -48,10 +48,10 @@ async fn both_orders(db: &PgPool, order: ClaimOrder, jobs: &[(i16, f64)]) -> (Ve
         keys.push(JobKey { id, priority, fair_key });
     }
     let policy = GroupPolicy { name: "g".into(), size: 1, classes: vec!["c".into()], order };
-    let sql = store::claim_sql(&policy);
+    let sql = store::claim_sql(&policy, capped);
     let mut claimed = Vec::new();
     loop {
-        let got = store::claim(db, &sql, 1, Duration::from_secs(60), &["c".into()], &[i32::MAX], &[0, 1, 2, 3])
+        let got = store::claim(db, &sql, 1, Duration::from_secs(60), &["c".into()], &[i32::MAX], &[0, 1, 2, 3], &[])
             .await
             .unwrap();
         let Some(job) = got.first() else { break };
@@ -66,10 +66,10 @@ fn sql_claim_order_and_in_memory_order_agree() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let db = runtime.block_on(async { common::fresh_database().await.pool });
     let mut runner = TestRunner::new(Config { cases: 48, failure_persistence: None, ..Config::default() });
-    for order in [ClaimOrder::Priority, ClaimOrder::Fifo] {
+    for (order, capped) in [(ClaimOrder::Priority, true), (ClaimOrder::Priority, false), (ClaimOrder::Fifo, true)] {
         runner
             .run(&jobs(), |jobs| {
-                let (sql, memory) = runtime.block_on(both_orders(&db, order, &jobs));
+                let (sql, memory) = runtime.block_on(both_orders(&db, order, capped, &jobs));
                 if sql == memory {
                     Ok(())
                 } else {

@@ -61,6 +61,20 @@ def main() -> int:
     secrets = {d["metadata"]["name"]: d for d in load("secret.example.yaml")}
     (sm,) = load("servicemonitor.yaml")
     (rule,) = load("prometheusrule.yaml")
+    (scaled,) = load("keda-scaledobject.yaml")
+
+    # KEDA: scales this deployment, on a metric cifpool exports, within bounds that keep the PDB drainable.
+    ss = scaled["spec"]
+    if ss["scaleTargetRef"]["name"] != dep["metadata"]["name"]:
+        err("keda-scaledobject.yaml does not scale the cifpool deployment")
+    lo, hi = ss.get("minReplicaCount", 0), ss.get("maxReplicaCount", 0)
+    if not 1 <= lo <= hi:
+        err("keda-scaledobject.yaml needs 1 <= minReplicaCount <= maxReplicaCount")
+    if pdb["spec"].get("minAvailable", 0) >= lo:
+        err("pdb.minAvailable must stay below keda minReplicaCount, or a scaled-in deployment cannot be drained")
+    for t in ss["triggers"]:
+        if "cifpool_queue_oldest_pending_age_seconds" not in t.get("metadata", {}).get("query", ""):
+            err("every keda trigger should scale on cifpool_queue_oldest_pending_age_seconds")
 
     spec = dep["spec"]
     pod = spec["template"]["spec"]

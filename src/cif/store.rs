@@ -35,6 +35,8 @@ static RESERVE: LazyLock<String> = LazyLock::new(|| {
         order_by: "pool_id, counter",
         set: "holder = $4, reserved_at = now()",
         returning: "t.code, t.lease_token, t.lease_expires_at, t.holder",
+        carry: "",
+        gate: "",
     });
     let columns =
         Columns { actor: "$5", request_id: "$6", pool: "$7", cif: "code", holder: "holder", ..Default::default() };

@@ -132,10 +132,14 @@ pub struct ProviderSettings {
     /// Per-call timeout.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
-    /// Concurrency ceiling (the provider's real capacity).
+    /// Calls in flight the provider can take, for the whole deployment: every pod together never has
+    /// more than this many calls to it in flight.
     pub max_concurrency: u32,
-    /// Concurrency floor the adaptive limit never cuts below.
+    /// Concurrency floor the adaptive limit never cuts below (deployment-wide too).
     pub min_concurrency: u32,
+    /// Calls per second the provider accepts, deployment-wide (unset: no rate limit).
+    #[serde(default)]
+    pub max_rate_per_second: Option<f64>,
     /// Value of the `Authorization` header sent with each call (e.g. `Bearer …`); a secret, so set it
     /// through `CIFPOOL_QUEUE__PROVIDERS__<NAME>__AUTHORIZATION`.
     #[serde(default, serialize_with = "redact")]
@@ -182,6 +186,21 @@ impl QueueSettings {
             }
             if p.timeout >= q.lease {
                 return invalid(format!("queue.providers.{name}.timeout"), "must be shorter than queue.lease".into());
+            }
+            // A share is trusted for the lease minus the call timeout minus a second of safety.
+            if p.timeout + std::time::Duration::from_secs(2) > q.lease {
+                return invalid(
+                    format!("queue.providers.{name}.timeout"),
+                    "must be at least 2s shorter than queue.lease (a pod's share of the provider budget is trusted for the lease minus the timeout)".into(),
+                );
+            }
+            if let Some(rate) = p.max_rate_per_second
+                && !(rate > 0.0 && rate.is_finite() && rate <= 1_000_000.0)
+            {
+                return invalid(
+                    format!("queue.providers.{name}.max_rate_per_second"),
+                    "must be a positive number of calls per second (at most 1000000)".into(),
+                );
             }
         }
         for (i, g) in q.groups.iter().enumerate() {

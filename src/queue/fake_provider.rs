@@ -1,7 +1,8 @@
 //! `cifpool fake-provider`: a stand-in SMS/push gateway for tests, the lab and load runs. It answers
 //! `POST /send` after a configurable latency (with jitter), fails a fraction with 503, hangs a fraction,
-//! and counts deliveries per idempotency key so at-least-once duplicates are visible at
-//! `GET /deliveries`.
+//! throttles the first calls with 429 + `Retry-After`, counts deliveries per idempotency key so
+//! at-least-once duplicates are visible at `GET /deliveries`, and records the most calls it had in
+//! flight at once (what a gateway's concurrency limit would see).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,11 +35,25 @@ pub struct FakeBehaviour {
     /// Fraction of calls refused with 422 (permanent: e.g. an invalid recipient).
     #[arg(long, default_value_t = 0.0)]
     pub reject_rate: f64,
+    /// The first this many calls are answered 429 with `Retry-After: <retry-after-secs>`.
+    #[arg(long, default_value_t = 0)]
+    pub throttle_first: u64,
+    /// The `Retry-After` of throttled calls, seconds.
+    #[arg(long, default_value_t = 1)]
+    pub retry_after_secs: u64,
 }
 
 impl Default for FakeBehaviour {
     fn default() -> Self {
-        FakeBehaviour { latency_ms: 0, jitter_ms: 0, error_rate: 0.0, hang_rate: 0.0, reject_rate: 0.0 }
+        FakeBehaviour {
+            latency_ms: 0,
+            jitter_ms: 0,
+            error_rate: 0.0,
+            hang_rate: 0.0,
+            reject_rate: 0.0,
+            throttle_first: 0,
+            retry_after_secs: 1,
+        }
     }
 }
 
@@ -48,6 +63,11 @@ pub struct FakeProvider {
     behaviour: Mutex<FakeBehaviour>,
     deliveries: Mutex<HashMap<String, u32>>,
     calls: AtomicU64,
+    in_flight: AtomicU64,
+    peak_in_flight: AtomicU64,
+    /// When each call arrived, relative to the provider's start.
+    arrivals: Mutex<Vec<Duration>>,
+    started: std::time::Instant,
 }
 
 /// `GET /deliveries`.
@@ -61,6 +81,8 @@ pub struct DeliveryReport {
     pub unique_keys: u64,
     /// Keys delivered more than once.
     pub duplicated_keys: u64,
+    /// The most calls in flight at once.
+    pub peak_in_flight: u64,
 }
 
 impl FakeProvider {
@@ -70,6 +92,10 @@ impl FakeProvider {
             behaviour: Mutex::new(behaviour),
             deliveries: Mutex::new(HashMap::new()),
             calls: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            peak_in_flight: AtomicU64::new(0),
+            arrivals: Mutex::new(Vec::new()),
+            started: std::time::Instant::now(),
         })
     }
 
@@ -91,7 +117,18 @@ impl FakeProvider {
             delivered: d.values().map(|&n| u64::from(n)).sum(),
             unique_keys: d.len() as u64,
             duplicated_keys: d.values().filter(|&&n| n > 1).count() as u64,
+            peak_in_flight: self.peak_in_flight.load(Ordering::Relaxed),
         }
+    }
+
+    /// When each call arrived, as time since this provider started, in arrival order.
+    pub fn arrivals(&self) -> Vec<Duration> {
+        self.arrivals.lock().expect("lock").clone()
+    }
+
+    /// Time since this provider started (the clock of [`FakeProvider::arrivals`]).
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
     }
 
     /// The HTTP surface.
@@ -100,9 +137,27 @@ impl FakeProvider {
     }
 }
 
-async fn send(State(fake): State<Arc<FakeProvider>>, headers: HeaderMap) -> impl IntoResponse {
-    fake.calls.fetch_add(1, Ordering::Relaxed);
+/// Counts a call in flight for as long as it lives.
+struct InFlight<'a>(&'a FakeProvider);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn send(State(fake): State<Arc<FakeProvider>>, headers: HeaderMap) -> axum::response::Response {
+    let call = fake.calls.fetch_add(1, Ordering::Relaxed);
+    fake.arrivals.lock().expect("lock").push(fake.started.elapsed());
+    let now = fake.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+    fake.peak_in_flight.fetch_max(now, Ordering::Relaxed);
+    let _counted = InFlight(&fake);
     let b = *fake.behaviour.lock().expect("lock");
+    if call < b.throttle_first {
+        let body = Json(serde_json::json!({ "error": "slow down" }));
+        return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", b.retry_after_secs.to_string())], body)
+            .into_response();
+    }
     let (delay, fail, hang, reject) = {
         let mut rng = rand::rng();
         let jitter = if b.jitter_ms > 0 { rng.random_range(0..=b.jitter_ms) } else { 0 };
@@ -116,17 +171,20 @@ async fn send(State(fake): State<Arc<FakeProvider>>, headers: HeaderMap) -> impl
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
     if fail {
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({ "error": "injected failure" })));
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({ "error": "injected failure" })))
+            .into_response();
     }
     if reject {
-        return (StatusCode::UNPROCESSABLE_ENTITY, Json(serde_json::json!({ "error": "injected rejection" })));
+        return (StatusCode::UNPROCESSABLE_ENTITY, Json(serde_json::json!({ "error": "injected rejection" })))
+            .into_response();
     }
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     if key.is_empty() {
-        return (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": "missing Idempotency-Key" })));
+        return (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": "missing Idempotency-Key" })))
+            .into_response();
     }
     *fake.deliveries.lock().expect("lock").entry(key.clone()).or_default() += 1;
-    (StatusCode::OK, Json(serde_json::json!({ "message_id": format!("fake-{key}") })))
+    (StatusCode::OK, Json(serde_json::json!({ "message_id": format!("fake-{key}") }))).into_response()
 }
 
 async fn deliveries(State(fake): State<Arc<FakeProvider>>) -> Json<DeliveryReport> {

@@ -14,7 +14,8 @@
 //! - [`finish`]: batched, fenced `sent` finishes (group commit).
 //! - [`listen`]: the LISTEN relay that wakes idle claimers.
 //! - [`sweep`]: the sweeper — lease rescue, deadline expiry, retention purge.
-//! - [`provider`]: the `Provider` trait, the HTTP provider, adaptive per-provider limits.
+//! - [`provider`]: the `Provider` trait, the HTTP provider and the no-op one.
+//! - [`budget`]: provider budgets for the whole deployment: concurrency shares, AIMD, rate, pauses.
 //! - [`scrub`]: provider error texts without URLs or credentials, bounded, before they are kept.
 //! - [`fake_provider`]: `cifpool fake-provider`, a provider double with latency, errors and hangs.
 //!
@@ -22,6 +23,7 @@
 //! - [`stats`]: per-class depth, oldest age and drain rate (gauges, backpressure).
 //! - [`dlq`]: dead-letter listing and paced replay.
 
+pub mod budget;
 pub mod dlq;
 pub mod enqueue;
 pub mod fake_provider;

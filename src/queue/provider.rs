@@ -1,18 +1,16 @@
-//! Send providers (SMS gateway, push service) and the adaptive concurrency limit in front of each.
-//!
-//! A provider call holds a worker until it answers or times out, so the limit is what stops a slow
-//! or failing provider from soaking up every worker and from being hammered while it recovers: it is
-//! cut multiplicatively on timeouts and 5xx answers and grows by about one slot per `limit`
-//! successes (AIMD), so after an outage the backlog drains at a rising rate instead of all at once.
+//! Send providers (SMS gateway, push service): the `Provider` trait, the HTTP provider and the no-op
+//! one. In front of each sits its deployment-wide budget ([`crate::queue::budget`]): a call holds a
+//! worker until the provider answers or times out, so the budget is what stops a slow or failing
+//! provider from soaking up every worker and from being hammered while it recovers.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
 
 use crate::config::{ProviderKind, ProviderSettings};
+use crate::queue::budget::ProviderBudget;
 
 /// One message to hand to a provider.
 #[derive(Debug, Clone, Serialize)]
@@ -50,10 +48,15 @@ pub enum SendError {
     /// No answer within the provider's timeout.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
+    /// The provider asked to be left alone (429 or 503 with `Retry-After`): the provider is paused
+    /// for the whole deployment and the job waits without losing an attempt.
+    #[error("throttled by the provider for {0:?}")]
+    Throttled(Duration),
 }
 
 impl SendError {
-    /// Whether the failure says the provider itself is overloaded (feeds the adaptive limit).
+    /// Whether the failure says the provider itself is overloaded (feeds the adaptive limit; an
+    /// explicit `Retry-After` pauses instead).
     pub fn is_overload(&self) -> bool {
         matches!(self, SendError::Timeout(_) | SendError::Transient(_))
     }
@@ -107,6 +110,12 @@ impl Provider for HttpProvider {
             Err(e) => return Err(SendError::Transient(format!("request failed: {e}"))),
         };
         let status = response.status();
+        if matches!(status.as_u16(), 429 | 503)
+            && let Some(wait) =
+                response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(retry_after)
+        {
+            return Err(SendError::Throttled(wait));
+        }
         if status.is_success() {
             let answer = response.json::<SendAnswer>().await.ok();
             return Ok(Delivery { provider_ref: answer.and_then(|a| a.message_id) });
@@ -121,6 +130,23 @@ impl Provider for HttpProvider {
     }
 }
 
+/// Longest `Retry-After` honoured; a longer one is cut to this (an hour-long pause is an incident,
+/// not throttling).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+/// A `Retry-After` value: delay-seconds or an HTTP date, bounded by [`MAX_RETRY_AFTER`].
+pub fn retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    let wait = match value.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => {
+            let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+            (at.with_timezone(&chrono::Utc) - chrono::Utc::now()).to_std().unwrap_or_default()
+        }
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
+}
+
 /// Accepts everything and sends nothing (development default).
 pub struct NoopProvider;
 
@@ -131,146 +157,15 @@ impl Provider for NoopProvider {
     }
 }
 
-#[derive(Debug)]
-struct LimitState {
-    limit: f64,
-    in_flight: u32,
-}
-
-/// AIMD concurrency limit of one provider.
-#[derive(Debug)]
-pub struct AdaptiveLimiter {
-    name: String,
-    min: f64,
-    max: f64,
-    state: Mutex<LimitState>,
-    freed: Notify,
-}
-
-/// One slot of an [`AdaptiveLimiter`]; report how the call went, or drop it (counts as neutral).
-#[derive(Debug)]
-pub struct Permit {
-    limiter: Arc<AdaptiveLimiter>,
-}
-
-/// Multiplicative cut on overload.
-const DECREASE: f64 = 0.7;
-
-impl AdaptiveLimiter {
-    /// Starts at `max` (optimistic), never below `min`.
-    pub fn new(name: &str, min: u32, max: u32) -> Arc<AdaptiveLimiter> {
-        let limiter = Arc::new(AdaptiveLimiter {
-            name: name.to_string(),
-            min: f64::from(min),
-            max: f64::from(max),
-            state: Mutex::new(LimitState { limit: f64::from(max), in_flight: 0 }),
-            freed: Notify::new(),
-        });
-        limiter.publish(f64::from(max), 0);
-        limiter
-    }
-
-    fn publish(&self, limit: f64, in_flight: u32) {
-        metrics::gauge!("cifpool_provider_limit", "provider" => self.name.clone()).set(limit.floor());
-        metrics::gauge!("cifpool_provider_in_flight", "provider" => self.name.clone()).set(f64::from(in_flight));
-        metrics::gauge!("cifpool_provider_limit_at_floor", "provider" => self.name.clone()).set(if limit <= self.min {
-            1.0
-        } else {
-            0.0
-        });
-    }
-
-    /// Free slots right now.
-    pub fn available(&self) -> u32 {
-        let s = self.state.lock().expect("limiter lock");
-        (s.limit.floor() as u32).saturating_sub(s.in_flight)
-    }
-
-    /// Current limit.
-    pub fn limit(&self) -> u32 {
-        self.state.lock().expect("limiter lock").limit.floor() as u32
-    }
-
-    /// Resolves at the next release of a slot (create it before checking [`AdaptiveLimiter::available`]
-    /// so a release in between is not missed).
-    pub fn slot_freed(&self) -> tokio::sync::futures::Notified<'_> {
-        self.freed.notified()
-    }
-
-    /// A slot if one is free.
-    pub fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
-        let mut s = self.state.lock().expect("limiter lock");
-        if f64::from(s.in_flight) + 1.0 > s.limit.floor() {
-            return None;
-        }
-        s.in_flight += 1;
-        self.publish(s.limit, s.in_flight);
-        Some(Permit { limiter: self.clone() })
-    }
-
-    /// Waits for a slot.
-    pub async fn acquire(self: &Arc<Self>) -> Permit {
-        loop {
-            let freed = self.freed.notified();
-            if let Some(p) = self.try_acquire() {
-                return p;
-            }
-            freed.await;
-        }
-    }
-
-    fn release(&self, outcome: Option<bool>) {
-        let mut s = self.state.lock().expect("limiter lock");
-        s.in_flight = s.in_flight.saturating_sub(1);
-        match outcome {
-            Some(true) => s.limit = (s.limit + 1.0 / s.limit.max(1.0)).min(self.max),
-            Some(false) => {
-                let cut = (s.limit * DECREASE).max(self.min);
-                if cut < s.limit {
-                    tracing::warn!(provider = %self.name, from = s.limit.floor(), to = cut.floor(),
-                        "provider overloaded: cutting its concurrency");
-                }
-                s.limit = cut;
-            }
-            None => {}
-        }
-        self.publish(s.limit, s.in_flight);
-        drop(s);
-        self.freed.notify_waiters();
-    }
-}
-
-impl Permit {
-    /// The call succeeded: grow the limit a little.
-    pub fn success(self) {
-        self.finish(Some(true));
-    }
-
-    /// The provider timed out or failed server-side: cut the limit.
-    pub fn overload(self) {
-        self.finish(Some(false));
-    }
-
-    fn finish(self, outcome: Option<bool>) {
-        self.limiter.release(outcome);
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        self.limiter.release(None);
-    }
-}
-
-/// A provider with its limit.
+/// A provider with its budget.
 pub struct ProviderHandle {
     /// Name from the configuration.
     pub name: String,
     /// How messages are delivered (HTTP gateway, no-op, a test double).
     pub provider: Arc<dyn Provider>,
-    /// Its adaptive concurrency limit, shared by every class that uses the provider.
-    pub limiter: Arc<AdaptiveLimiter>,
+    /// This pod's share of the provider's deployment-wide budget, used by every class that sends
+    /// through the provider.
+    pub budget: Arc<ProviderBudget>,
 }
 
 /// Builds every configured provider.
@@ -289,8 +184,8 @@ pub fn build_providers(settings: &BTreeMap<String, ProviderSettings>) -> BTreeMa
                     Arc::new(NoopProvider)
                 }
             };
-            let limiter = AdaptiveLimiter::new(name, p.min_concurrency, p.max_concurrency);
-            (name.clone(), Arc::new(ProviderHandle { name: name.clone(), provider, limiter }))
+            let budget = Arc::new(ProviderBudget::new(name, p));
+            (name.clone(), Arc::new(ProviderHandle { name: name.clone(), provider, budget }))
         })
         .collect()
 }
@@ -300,27 +195,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn limit_cuts_on_overload_and_regrows_slowly() {
-        let l = AdaptiveLimiter::new("t", 2, 10);
-        assert_eq!(l.limit(), 10);
-        for _ in 0..3 {
-            l.try_acquire().unwrap().overload();
-        }
-        assert_eq!(l.limit(), 3, "10 * 0.7^3 = 3.43");
-        for _ in 0..10 {
-            l.try_acquire().unwrap().overload();
-        }
-        assert_eq!(l.limit(), 2, "never below the floor");
-        // About `limit` successes per extra slot.
-        for _ in 0..5 {
-            l.try_acquire().unwrap().success();
-        }
-        assert_eq!(l.limit(), 3);
-        let a = l.try_acquire().unwrap();
-        let b = l.try_acquire().unwrap();
-        let c = l.try_acquire().unwrap();
-        assert!(l.try_acquire().is_none(), "limit reached");
-        drop((a, b, c));
-        assert_eq!(l.available(), 3);
+    fn retry_after_is_read_in_seconds_or_as_a_date() {
+        assert_eq!(retry_after("7"), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after(" 0 "), Some(Duration::ZERO));
+        let later = chrono::Utc::now() + chrono::Duration::seconds(30);
+        let d = retry_after(&later.to_rfc2822()).unwrap();
+        assert!((28..=30).contains(&d.as_secs()), "{d:?}");
+        assert_eq!(retry_after("soon"), None);
+        assert_eq!(retry_after("99999999"), Some(MAX_RETRY_AFTER), "bounded");
     }
 }

@@ -10,7 +10,10 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use uuid::Uuid;
+
 use crate::config::{ClassSettings, QueueSettings};
+use crate::queue::budget;
 use crate::queue::policy::GroupPolicy;
 use crate::queue::provider::{ProviderHandle, build_providers};
 use crate::queue::worker::WorkerGroup;
@@ -33,6 +36,8 @@ pub struct QueueRuntime {
     pub providers: BTreeMap<String, Arc<ProviderHandle>>,
     /// Wakes idle claimers when the LISTEN relay hears of new jobs.
     pub wake: Notify,
+    /// This instance's identity among the pods sharing the provider budgets (new at every start).
+    pub member: Uuid,
 }
 
 impl QueueRuntime {
@@ -55,12 +60,46 @@ impl QueueRuntime {
                 (c.name.clone(), ClassRuntime { settings: c.clone(), provider })
             })
             .collect();
-        Arc::new(QueueRuntime { settings, classes, providers, wake: Notify::new() })
+        Arc::new(QueueRuntime { settings, classes, providers, wake: Notify::new(), member: Uuid::new_v4() })
     }
 
     /// The groups to run (see [`QueueSettings::group_policies`]).
     pub fn group_policies(&self) -> Vec<GroupPolicy> {
         self.settings.group_policies()
+    }
+
+    /// Workers of this instance that may send through `provider` (0 with the workers off): the most of
+    /// its budget this pod could use.
+    pub fn potential(&self, provider: &str) -> u32 {
+        if !self.settings.workers_enabled {
+            return 0;
+        }
+        let sends_through = |g: &GroupPolicy| {
+            g.classes.iter().any(|c| self.classes.get(c).is_some_and(|c| c.provider.name == provider))
+        };
+        self.group_policies().iter().filter(|g| sends_through(g)).map(|g| g.size as u32).sum()
+    }
+
+    /// Reconciles this pod's share of every provider's budget once (what the budget task does every
+    /// [`budget::SYNC_INTERVAL`]); tests that drive worker steps call it themselves.
+    pub async fn sync_budgets(&self, db: &PgPool) {
+        for handle in self.providers.values() {
+            let potential = self.potential(&handle.name);
+            if let Err(e) = handle.budget.sync(db, self.member, self.settings.lease, potential).await {
+                tracing::debug!(provider = handle.name, error = %e, "provider budget sync failed");
+            }
+        }
+    }
+
+    /// Registers the providers' budgets and takes a first share of each (tests and tools that drive
+    /// worker groups without [`QueueRuntime::spawn_workers`]).
+    pub async fn join_budgets(&self, db: &PgPool) -> Result<(), sqlx::Error> {
+        for handle in self.providers.values() {
+            budget::register(db, &handle.budget).await?;
+            handle.budget.note_starved();
+        }
+        self.sync_budgets(db).await;
+        Ok(())
     }
 
     /// Starts every worker group of [`QueueRuntime::group_policies`] and the NOTIFY relay that wakes
@@ -83,5 +122,6 @@ impl QueueRuntime {
             tasks.spawn(group.run(stop.clone(), grace));
         }
         tasks.spawn(crate::queue::listen::relay(db.clone(), self.clone(), stop.clone()));
+        tasks.spawn(budget::run(db.clone(), self.clone(), grace + Duration::from_secs(1), stop.clone()));
     }
 }

@@ -75,28 +75,81 @@ impl From<&ClaimedJob> for crate::queue::provider::Message {
 /// (`priority, fair_key, id`) seek straight to the group's priorities: filtering on class alone, an
 /// OTP-only group facing a promo backlog either walked every promo entry or, as the planner chose
 /// after an ANALYZE, scanned the whole table for each empty claim (60 ms at 100,000 jobs).
-pub fn claim_sql(policy: &GroupPolicy) -> String {
-    let filter = format!(
-        "priority = ANY($5) AND class = ANY($3) AND run_after <= now() \
-         AND (tenant, class) NOT IN ( \
-             SELECT b.tenant, b.class FROM notification_jobs b \
-             JOIN unnest($3::text[], $4::int4[]) AS cap(class, n) ON cap.class = b.class \
-             WHERE b.lease_expires_at IS NOT NULL AND b.status = {sending} \
-             GROUP BY b.tenant, b.class HAVING count(*) >= max(cap.n))",
-        sending = *SENDING
+///
+/// Tenant caps are exact: of the picked jobs a tenant gets only as many as its cap leaves free, counted
+/// in this statement (so a batch cannot overshoot), and [`claim`] runs it holding its classes'
+/// claim locks (so two pods claiming at once cannot both fill the same last unit).
+///
+/// With `capped` false (no class of the claim has a cap that can bind: see [`cap_can_bind`]), the
+/// statement leaves the caps out: no in-flight count, no gate.
+pub fn claim_sql(policy: &GroupPolicy, capped: bool) -> String {
+    if !capped {
+        return JOBS.claim_sql(&ClaimSpec {
+            free: &WAITING,
+            held: &SENDING,
+            filter: "priority = ANY($5) AND class = ANY($3) AND run_after <= now() AND $4::int4[] IS NOT NULL",
+            order_by: &policy.order.sql_order_by(),
+            set: CLAIM_SET,
+            returning: CLAIM_RETURNING,
+            carry: "",
+            gate: "",
+        });
+    }
+    let filter = "priority = ANY($5) AND class = ANY($3) AND run_after <= now() \
+         AND (tenant, class) NOT IN (SELECT tenant, class FROM live WHERE inflight >= cap)";
+    let gate = format!(
+        "ranked AS ( \
+             SELECT id, tenant, class, row_number() OVER (PARTITION BY tenant, class ORDER BY {order}) AS n \
+             FROM picked), \
+         admitted AS ( \
+             SELECT r.id FROM ranked r \
+             JOIN unnest($3::text[], $4::int4[]) AS cap(class, n) ON cap.class = r.class \
+             LEFT JOIN live l ON l.tenant = r.tenant AND l.class = r.class \
+             WHERE r.n <= cap.n - coalesce(l.inflight, 0))",
+        order = policy.order.sql_order_by()
     );
-    JOBS.claim_sql(&ClaimSpec {
+    let claim = JOBS.claim_sql(&ClaimSpec {
         free: &WAITING,
         held: &SENDING,
-        filter: &filter,
+        filter,
         order_by: &policy.order.sql_order_by(),
-        set: "attempts = t.attempts + 1, picked_at = coalesce(t.picked_at, clock_timestamp())",
-        returning: "t.id, t.class, t.tenant, t.recipient, t.payload, t.attempts, t.max_attempts, t.deadline, \
-                    t.lease_token, t.created_at, t.picked_at",
-    })
+        set: CLAIM_SET,
+        returning: CLAIM_RETURNING,
+        carry: ", tenant, class, priority, fair_key",
+        gate: &gate,
+    });
+    // Jobs in flight per tenant of the group's classes, with each class's cap, ahead of `picked`.
+    let live = format!(
+        "live AS ( \
+             SELECT b.tenant, b.class, count(*) AS inflight, max(cap.n) AS cap FROM notification_jobs b \
+             JOIN unnest($3::text[], $4::int4[]) AS cap(class, n) ON cap.class = b.class \
+             WHERE b.lease_expires_at IS NOT NULL AND b.status = {sending} \
+             GROUP BY b.tenant, b.class), ",
+        sending = *SENDING
+    );
+    claim.replacen("WITH ", &format!("WITH {live}"), 1)
 }
 
+const CLAIM_SET: &str = "attempts = t.attempts + 1, picked_at = coalesce(t.picked_at, clock_timestamp())";
+const CLAIM_RETURNING: &str = "t.id, t.class, t.tenant, t.recipient, t.payload, t.attempts, t.max_attempts, \
+     t.deadline, t.lease_token, t.created_at, t.picked_at";
+
+/// Takes the claim locks of `$1` (class names), in a fixed order: claims of one class run one after
+/// another (finishes never wait for them), so each counts the in-flight jobs the previous one left.
+/// Only classes whose tenant cap can bind need it (see [`cap_can_bind`]).
+const CLAIM_LOCKS: &str = "SELECT count(pg_advisory_xact_lock(1667853679, k)::text) \
+     FROM (SELECT DISTINCT hashtext(c) AS k FROM unnest($1::text[]) AS c ORDER BY k OFFSET 0) AS s";
+
 /// Claims up to `limit` jobs with a prepared [`claim_sql`] statement.
+/// Whether a class's tenant cap can ever bind: not when it is at least its provider's deployment-wide
+/// `max_concurrency`, since no more calls than that are ever in flight to the provider at all.
+pub fn cap_can_bind(tenant_cap: u32, provider_max_concurrency: u32) -> bool {
+    tenant_cap < provider_max_concurrency
+}
+
+/// Claims up to `limit` jobs with a prepared [`claim_sql`] statement; `locked` lists the classes whose
+/// tenant cap can bind, claimed under their claim locks (none: one autocommit statement).
+#[allow(clippy::too_many_arguments)]
 pub async fn claim(
     db: &PgPool,
     sql: &str,
@@ -105,15 +158,24 @@ pub async fn claim(
     classes: &[String],
     caps: &[i32],
     priorities: &[i16],
+    locked: &[String],
 ) -> Result<Vec<ClaimedJob>, sqlx::Error> {
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
+    let statement = sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
         .bind(limit as i64)
         .bind(lease.as_secs_f64())
         .bind(classes)
         .bind(caps)
-        .bind(priorities)
-        .fetch_all(db)
-        .await?;
+        .bind(priorities);
+    let rows = if locked.is_empty() {
+        statement.fetch_all(db).await?
+    } else {
+        let mut tx = db.begin().await?;
+        sqlx::query(CLAIM_LOCKS).bind(locked).execute(&mut *tx).await?;
+        // A new statement after the locks: its snapshot sees every claim committed before them.
+        let rows = statement.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        rows
+    };
     Ok(rows
         .into_iter()
         .map(|r| ClaimedJob {
@@ -132,13 +194,15 @@ pub async fn claim(
         .collect())
 }
 
+/// `$5` is what the attempt costs: 0 for a throttled send (the claim counted an attempt the provider
+/// never made), 1 otherwise.
 static MARK_RETRY: LazyLock<String> = LazyLock::new(|| {
     JOBS.fenced_update_sql(
         &SENDING,
         "id = $2",
         &format!(
             "status = {retrying}, run_after = now() + $3::float8 * interval '1 second', last_error = $4, \
-             lease_token = NULL, lease_expires_at = NULL",
+             attempts = attempts - 1 + $5, lease_token = NULL, lease_expires_at = NULL",
             retrying = JobStatus::Retrying.sql()
         ),
         None,
@@ -204,12 +268,23 @@ pub async fn mark_sent_many(
 /// A transient failure: back to the queue after `delay`, worker freed at once.
 /// The error text is kept scrubbed ([`crate::queue::scrub::scrub_error`]).
 pub async fn mark_retry(db: &PgPool, job: &ClaimedJob, delay: Duration, error: &str) -> Result<Fenced, sqlx::Error> {
+    retry(db, job, delay, error, 1).await
+}
+
+/// The provider asked to wait (`Retry-After`): back to the queue after `wait`, and the attempt the
+/// claim counted is given back (the provider never tried).
+pub async fn mark_throttled(db: &PgPool, job: &ClaimedJob, wait: Duration, error: &str) -> Result<Fenced, sqlx::Error> {
+    retry(db, job, wait, error, 0).await
+}
+
+async fn retry(db: &PgPool, job: &ClaimedJob, delay: Duration, error: &str, cost: i32) -> Result<Fenced, sqlx::Error> {
     let error = crate::queue::scrub::scrub_error(error);
     let done = sqlx::query(sqlx::AssertSqlSafe(MARK_RETRY.as_str()))
         .bind(job.token)
         .bind(job.id)
         .bind(delay.as_secs_f64())
         .bind(error)
+        .bind(cost)
         .execute(db)
         .await?;
     Ok(Fenced::from_rows(done.rows_affected()))

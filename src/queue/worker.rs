@@ -36,6 +36,8 @@ pub enum Outcome {
     Expired(i64),
     /// Our lease was lost before we finished (another worker owns the job now).
     LeaseLost(i64),
+    /// The provider asked to be left alone for a while: the job waits, its attempt given back.
+    Throttled(i64),
 }
 
 /// Delay before attempt `attempt + 1`: exponential from `base`, capped, with full jitter.
@@ -50,7 +52,8 @@ pub fn backoff(base: Duration, cap: Duration, attempt: i32) -> Duration {
 pub struct WorkerGroup {
     /// Which classes it takes, in which order, with how many workers.
     pub policy: GroupPolicy,
-    claim_sql: String,
+    /// The claim statement when a tenant cap can bind, and when none can.
+    claim_sql: (String, String),
     db: PgPool,
     runtime: Arc<QueueRuntime>,
     workers: Arc<Semaphore>,
@@ -62,7 +65,7 @@ pub struct WorkerGroup {
 impl WorkerGroup {
     /// A group running `policy` on `db` (starts its finish flusher: call within a tokio runtime).
     pub fn new(policy: GroupPolicy, db: PgPool, runtime: Arc<QueueRuntime>) -> Arc<WorkerGroup> {
-        let claim_sql = store::claim_sql(&policy);
+        let claim_sql = (store::claim_sql(&policy, true), store::claim_sql(&policy, false));
         let workers = Arc::new(Semaphore::new(policy.size));
         let finisher = Finisher::start(db.clone());
         Arc::new(WorkerGroup { policy, claim_sql, db, runtime, workers, finisher, in_flight: Default::default() })
@@ -75,17 +78,20 @@ impl WorkerGroup {
             .classes
             .iter()
             .filter_map(|name| self.runtime.classes.get(name))
-            .map(|c| c.provider.limiter.available() as usize)
+            .map(|c| c.provider.budget.available() as usize)
             .max()
             .unwrap_or(0)
     }
 
-    /// Waits until a provider of this group's classes frees a slot (or `stop`, or a poll interval).
+    /// Waits until a provider of this group's classes has room (a call ended, or a budget sync gave
+    /// this pod more), or `stop`, or a poll interval. Each such provider is told it was wanted, so its
+    /// next sync asks for a larger share.
     async fn wait_for_provider(&self, stop: &CancellationToken) {
         let mut waits: Vec<_> = Vec::new();
         for name in &self.policy.classes {
             if let Some(class) = self.runtime.classes.get(name) {
-                let mut freed = Box::pin(class.provider.limiter.slot_freed());
+                class.provider.budget.note_starved();
+                let mut freed = Box::pin(class.provider.budget.changed());
                 freed.as_mut().enable();
                 waits.push(freed);
             }
@@ -105,15 +111,19 @@ impl WorkerGroup {
         let mut classes = Vec::new();
         let mut caps = Vec::new();
         let mut priorities = Vec::new();
+        let mut locked = Vec::new();
         // Claim no more than the tightest provider among the claimable classes has free, so a claimed
         // job does not sit waiting for a provider slot while its lease and deadline run.
         let mut capacity = usize::MAX;
         for name in &self.policy.classes {
             let Some(class) = self.runtime.classes.get(name) else { continue };
-            let free = class.provider.limiter.available() as usize;
+            let free = class.provider.budget.available() as usize;
             if free > 0 {
                 classes.push(name.clone());
                 caps.push(class.settings.tenant_inflight_cap as i32);
+                if store::cap_can_bind(class.settings.tenant_inflight_cap, class.provider.budget.max_concurrency()) {
+                    locked.push(name.clone());
+                }
                 priorities.push(class.settings.priority);
                 capacity = capacity.min(free);
             }
@@ -121,10 +131,17 @@ impl WorkerGroup {
         if classes.is_empty() || n == 0 {
             return Ok(Vec::new());
         }
+        // Idle workers are waiting on the provider budget, not on jobs: ask for a larger share.
+        if n > capacity {
+            for name in &classes {
+                self.runtime.classes[name].provider.budget.note_starved();
+            }
+        }
         priorities.sort_unstable();
         priorities.dedup();
         let lease = self.runtime.settings.lease;
-        store::claim(&self.db, &self.claim_sql, n.min(capacity), lease, &classes, &caps, &priorities).await
+        let sql = if locked.is_empty() { &self.claim_sql.1 } else { &self.claim_sql.0 };
+        store::claim(&self.db, sql, n.min(capacity), lease, &classes, &caps, &priorities, &locked).await
     }
 
     /// One step: claim one job, send it, finish it. What tests drive instead of the loop.
@@ -144,14 +161,15 @@ impl WorkerGroup {
             metrics::histogram!("cifpool_queue_wait_seconds", "class" => job.class.clone()).record(wait.as_secs_f64());
         }
         // Another group of this instance may have taken the last provider slot since the claim: wait
-        // for one with the heartbeat running, then check the deadline (never send late).
+        // for one with the heartbeat running, then check the deadline (never send late). A heartbeat
+        // that ends here found the lease lost: another worker owns the job now, so do not send it.
         let permit = {
-            let acquire = class.provider.limiter.acquire();
+            let acquire = class.provider.budget.acquire();
             let heartbeat = self.heartbeat(&job);
             tokio::pin!(acquire);
             tokio::select! {
                 p = &mut acquire => p,
-                _ = heartbeat => acquire.await,
+                _ = heartbeat => return Ok(fenced_or(Fenced::LeaseLost, job.id, Outcome::Idle)),
             }
         };
         if job.deadline.is_some_and(|d| d <= chrono::Utc::now()) {
@@ -179,6 +197,7 @@ impl WorkerGroup {
             Err(SendError::Timeout(_)) => "timeout",
             Err(SendError::Transient(_)) => "transient",
             Err(SendError::Permanent(_)) => "permanent",
+            Err(SendError::Throttled(_)) => "throttled",
         };
         metrics::histogram!("cifpool_provider_duration_seconds", "provider" => class.provider.name.clone(),
             "outcome" => outcome_label)
@@ -195,6 +214,19 @@ impl WorkerGroup {
             Err(SendError::Permanent(e)) => {
                 drop(permit);
                 self.dead(&job, &e).await
+            }
+            Err(SendError::Throttled(wait)) => {
+                // Pause here at once, and for every pod through the database; the job waits out the
+                // pause without spending an attempt.
+                class.provider.budget.pause_locally(std::time::Instant::now() + wait);
+                drop(permit);
+                if let Err(e) = crate::queue::budget::pause(&self.db, &class.provider.name, wait).await {
+                    tracing::warn!(provider = %class.provider.name, error = %e, "could not share the provider's pause");
+                }
+                tracing::warn!(provider = %class.provider.name, ?wait, "provider asked to retry later: paused");
+                let error = SendError::Throttled(wait).to_string();
+                let fenced = store::mark_throttled(&self.db, &job, wait, &error).await?;
+                Ok(self.counted(fenced, &job, "cifpool_queue_throttled_total", Outcome::Throttled(job.id)))
             }
             Err(e) => {
                 if e.is_overload() {

@@ -34,6 +34,11 @@ impl TestApp {
     pub async fn stop(self) {
         self.running.stop().await.unwrap();
     }
+
+    /// Stops the app at once, as a crash would (see [`RunningApp::abort`]).
+    pub fn kill(self) {
+        self.running.abort();
+    }
 }
 
 impl TestApp {

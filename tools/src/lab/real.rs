@@ -201,6 +201,7 @@ fn lab_queue(opts: &LabOptions, strategy: Strategy, sms_url: &str, push_url: &st
         timeout: Duration::from_secs(20),
         max_concurrency: 100_000,
         min_concurrency: 1,
+        max_rate_per_second: None,
         authorization: None,
     };
     QueueSettings {
@@ -235,7 +236,7 @@ pub async fn run_cell(
     scenario: LabScenario,
     bar: &ProgressBar,
 ) -> anyhow::Result<LabCell> {
-    sqlx::query("TRUNCATE notification_jobs, notification_tenant_clock")
+    sqlx::query("TRUNCATE notification_jobs, notification_tenant_clock, provider_shares, provider_budgets")
         .execute(db)
         .await
         .context("emptying the queue tables")?;

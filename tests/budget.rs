@@ -1,0 +1,157 @@
+//! Budgets for the whole deployment: several app instances on one database, one provider stub that
+//! records what a gateway would see (calls in flight, arrival times), and the limits that must hold
+//! across every instance: provider concurrency, provider rate, `Retry-After`, tenant caps.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use cifpool::config::Settings;
+use cifpool::queue::fake_provider::FakeBehaviour;
+use common::{FakeServer, TestApp, fake_server, fresh_database, spawn_app_with, test_settings_with_pools};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+/// Settings of one instance: both providers at `sms`, `budget` calls at once for the deployment, a
+/// short lease so a dead instance's share comes back quickly.
+fn settings(db_url: &str, sms: &FakeServer, budget: u32, workers: usize) -> Settings {
+    let mut s = test_settings_with_pools(db_url);
+    common::use_fake_providers(&mut s, sms, sms);
+    let sms = s.queue.providers.get_mut("sms").unwrap();
+    sms.max_concurrency = budget;
+    sms.min_concurrency = 2;
+    s.queue.workers = workers;
+    s.queue.reserved = 4;
+    s.queue.lease = Duration::from_secs(6);
+    s.queue.poll_interval = Duration::from_millis(50);
+    s
+}
+
+async fn enqueue(app: &TestApp, class: &str, tenant: &str, n: usize) {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(5000) {
+        let jobs: Vec<Value> = chunk.iter().map(|i| json!({ "recipient": format!("+8490{i:07}") })).collect();
+        let r = app
+            .client
+            .post(app.url("/v1/notifications/batch"))
+            .json(&json!({ "class": class, "tenant": tenant, "jobs": jobs }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
+    }
+}
+
+async fn count(db: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string())).fetch_one(db).await.unwrap()
+}
+
+/// Waits until every job is finished (or panics after `limit`), then checks that each was sent once.
+async fn all_sent(db: &PgPool, jobs: i64, limit: Duration) {
+    let by = Instant::now() + limit;
+    while count(db, "SELECT count(*) FROM notification_jobs WHERE finished_at IS NOT NULL").await < jobs {
+        assert!(Instant::now() < by, "jobs still unfinished after {limit:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(count(db, "SELECT count(*) FROM notification_jobs WHERE status = 'sent'").await, jobs, "all sent");
+    assert_eq!(count(db, "SELECT count(*) FROM notification_results").await, jobs, "one result each");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_instances_never_exceed_the_provider_budget_and_a_dead_ones_share_comes_back() {
+    let db = fresh_database().await;
+    let sms = fake_server(FakeBehaviour { latency_ms: 15, jitter_ms: 10, ..Default::default() }).await;
+    let mut apps = Vec::new();
+    for _ in 0..3 {
+        apps.push(spawn_app_with(settings(&db.url, &sms, 20, 64)).await);
+    }
+    enqueue(&apps[0], "transactional", "bank", 3000).await;
+    // Let all three take part, then kill one mid-run.
+    let by = Instant::now() + Duration::from_secs(20);
+    while count(&db.pool, "SELECT count(DISTINCT member) FROM provider_shares WHERE provider = 'sms' AND share > 0")
+        .await
+        < 3
+    {
+        assert!(Instant::now() < by, "three instances never shared the provider");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let victim = apps.pop().unwrap();
+    let dead = victim.state.queue.member;
+    victim.kill();
+    let killed = Instant::now();
+    // Its share stays counted until its lease expires, then goes back to the others.
+    loop {
+        let rows = count(&db.pool, &format!("SELECT count(*) FROM provider_shares WHERE member = '{dead}'")).await;
+        if rows == 0 {
+            break;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(6) + Duration::from_secs(2), "share still held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("dead instance's share returned after {:?} (lease 6 s)", killed.elapsed());
+    all_sent(&db.pool, 3000, Duration::from_secs(120)).await;
+    let report = sms.fake.report();
+    eprintln!("peak in flight at the provider: {} (budget 20), {report:?}", report.peak_in_flight);
+    assert!(report.peak_in_flight <= 20, "the provider saw {} calls at once", report.peak_in_flight);
+    assert!(report.peak_in_flight >= 10, "the budget was used ({} at most)", report.peak_in_flight);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_rate_limit_holds_across_instances() {
+    let db = fresh_database().await;
+    let sms = fake_server(FakeBehaviour { latency_ms: 5, ..Default::default() }).await;
+    let mut apps = Vec::new();
+    for _ in 0..3 {
+        let mut s = settings(&db.url, &sms, 50, 32);
+        s.queue.providers.get_mut("sms").unwrap().max_rate_per_second = Some(30.0);
+        apps.push(spawn_app_with(s).await);
+    }
+    enqueue(&apps[0], "transactional", "bank", 2000).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let start = sms.fake.elapsed();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let end = sms.fake.elapsed();
+    let calls = sms.fake.arrivals().iter().filter(|t| **t >= start && **t < end).count();
+    eprintln!("{calls} calls in 10 s at max_rate_per_second = 30 over 3 instances");
+    assert!(calls <= 30 * 10 + 30, "{calls} calls: over the rate plus one burst");
+    assert!(calls >= 200, "{calls} calls: the limit should still let most of the rate through");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retry_after_pauses_the_provider_on_every_instance_without_spending_attempts() {
+    let db = fresh_database().await;
+    let behaviour = FakeBehaviour { latency_ms: 5, throttle_first: 1, retry_after_secs: 2, ..Default::default() };
+    let sms = fake_server(behaviour).await;
+    let mut apps = Vec::new();
+    for _ in 0..3 {
+        apps.push(spawn_app_with(settings(&db.url, &sms, 20, 16)).await);
+    }
+    enqueue(&apps[0], "transactional", "bank", 300).await;
+    all_sent(&db.pool, 300, Duration::from_secs(60)).await;
+    let arrivals = sms.fake.arrivals();
+    let throttled_at = arrivals[0];
+    // Calls another instance started before it heard of the pause (one sync) are allowed; after that
+    // nothing reaches the provider until Retry-After has passed.
+    let quiet = arrivals.iter().filter(|t| **t > throttled_at + Duration::from_millis(500)).min().copied().unwrap();
+    eprintln!("throttled at {throttled_at:?}, next call after the first half second at {quiet:?}");
+    assert!(quiet >= throttled_at + Duration::from_millis(1900), "a call at {quiet:?} during the pause");
+    let attempts = count(&db.pool, "SELECT max(attempts)::int8 FROM notification_jobs").await;
+    assert_eq!(attempts, 1, "the throttled call did not spend an attempt");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_cap_holds_exactly_across_instances_and_claim_batches() {
+    let db = fresh_database().await;
+    let sms = fake_server(FakeBehaviour { latency_ms: 1, ..Default::default() }).await;
+    let mut apps = Vec::new();
+    for _ in 0..3 {
+        let mut s = settings(&db.url, &sms, 400, 64);
+        s.queue.claim_batch = 64;
+        s.queue.classes.iter_mut().for_each(|c| c.tenant_inflight_cap = 5);
+        apps.push(spawn_app_with(s).await);
+    }
+    enqueue(&apps[0], "transactional", "one-tenant", 10_000).await;
+    all_sent(&db.pool, 10_000, Duration::from_secs(180)).await;
+    let peak = sms.fake.report().peak_in_flight;
+    eprintln!("peak in flight for one tenant with cap 5 over 3 instances: {peak}");
+    assert!(peak <= 5, "the provider saw {peak} of the tenant's calls at once");
+}
