@@ -57,6 +57,18 @@ pub mod action {
     pub const KEY_CREATED: &str = "key.created";
     /// An API key was revoked.
     pub const KEY_REVOKED: &str = "key.revoked";
+    /// A notification was canceled before it was sent (detail: job, tenant, class).
+    pub const JOB_CANCELED: &str = "job.canceled";
+    /// Unsent jobs of a batch were canceled (detail: batch, count; one row per statement).
+    pub const BATCH_CANCELED: &str = "batch.canceled";
+    /// A class or a provider was paused for every pod (detail: kind, name).
+    pub const QUEUE_PAUSED: &str = "queue.paused";
+    /// A pause was lifted (detail: kind, name).
+    pub const QUEUE_RESUMED: &str = "queue.resumed";
+    /// One dead letter was put back in the queue (detail: job, extra attempts).
+    pub const DLQ_RETRIED: &str = "dlq.retried";
+    /// One dead letter was discarded (detail: job).
+    pub const DLQ_DISCARDED: &str = "dlq.discarded";
 }
 
 /// The statement `statement` (whose `RETURNING` rows are the CTE `done`) followed, in the same

@@ -71,6 +71,39 @@ pub enum Command {
     Keys(KeysCommand),
     /// Search the audit trail, newest first (one JSON object per line).
     Audit(AuditArgs),
+    /// Queue operations: pause and resume a class or a provider for every pod, cancel a batch, list
+    /// pauses (connects to the database directly, like `dlq`; `/admin/queue` does the same over HTTP).
+    #[command(subcommand)]
+    Queue(QueueCommand),
+}
+
+/// `cifpool queue …`
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Stop every pod claiming a class's jobs (or, for a provider, the jobs of every class it sends)
+    /// within a second; sends in flight finish and intake goes on accepting.
+    Pause {
+        /// class or provider.
+        #[arg(value_enum)]
+        kind: crate::queue::pause::PauseKind,
+        /// Its configured name.
+        name: String,
+    },
+    /// Undo a pause: every pod claims again within a second.
+    Resume {
+        /// class or provider.
+        #[arg(value_enum)]
+        kind: crate::queue::pause::PauseKind,
+        /// Its configured name.
+        name: String,
+    },
+    /// List the pauses in force (one JSON object per line: kind, name, since when, by whom).
+    Pauses,
+    /// Cancel every job of a batch that is not being sent yet; prints how many were canceled.
+    CancelBatch {
+        /// The batch id `POST /v1/notifications/batch` answered.
+        id: i64,
+    },
 }
 
 /// `cifpool keys …`
@@ -146,6 +179,19 @@ pub enum DlqCommand {
         /// Extra attempts each job gets.
         #[arg(long, default_value_t = 1)]
         extra_attempts: i32,
+    },
+    /// Put one dead job back in the queue, due now; prints the job.
+    Retry {
+        /// The job's id.
+        id: i64,
+        /// Extra attempts it gets.
+        #[arg(long, default_value_t = 1)]
+        extra_attempts: i32,
+    },
+    /// Mark one dead job discarded (never sent, kept with its history); prints the job.
+    Discard {
+        /// The job's id.
+        id: i64,
     },
 }
 
@@ -349,12 +395,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Dlq(command) => {
             crate::telemetry::init_logging(settings.log.format, "warn");
-            runtime()?.block_on(async {
-                let database = Database::open(&settings).await?;
-                let result = run_dlq(&database.pool, command).await;
-                database.close().await;
-                result
-            })?;
+            with_database(&settings, |db| Box::pin(run_dlq(db, command)))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Keys(command) => {
@@ -365,6 +406,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit(args) => {
             crate::telemetry::init_logging(settings.log.format, "warn");
             with_database(&settings, |db| Box::pin(run_audit(db, args)))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Queue(command) => {
+            crate::telemetry::init_logging(settings.log.format, "warn");
+            let queue = settings.queue.clone();
+            with_database(&settings, move |db| Box::pin(async move { run_queue(db, &queue, command).await }))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Migrate => {
@@ -382,7 +429,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Runs `work` on the configured database (migrated first: keys and audit need their tables).
+/// Runs `work` on the configured database (migrated first: the commands need the tables of this build).
 fn with_database<F>(settings: &Settings, work: F) -> anyhow::Result<()>
 where
     F: for<'a> FnOnce(
@@ -440,6 +487,45 @@ async fn run_audit(db: &sqlx::PgPool, args: AuditArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn run_queue(
+    db: &sqlx::PgPool,
+    queue: &crate::config::QueueSettings,
+    command: QueueCommand,
+) -> anyhow::Result<()> {
+    use crate::queue::{cancel, pause};
+    let actor = &crate::audit::Actor::cli();
+    let set = |kind: pause::PauseKind, name: String, paused: bool| async move {
+        let known = match kind {
+            pause::PauseKind::Class => queue.classes.iter().any(|c| c.name == name),
+            pause::PauseKind::Provider => queue.providers.contains_key(&name),
+        };
+        anyhow::ensure!(known, "no {} named {name:?} in the configuration", kind.as_str());
+        let changed = pause::set(db, kind, &name, paused, actor).await?;
+        let state = if paused { "paused" } else { "resumed" };
+        if changed {
+            eprintln!("{} {name} {state}: every pod follows within 1 s", kind.as_str());
+        } else {
+            eprintln!("{} {name} was already {state}", kind.as_str());
+        }
+        anyhow::Ok(())
+    };
+    match command {
+        QueueCommand::Pause { kind, name } => set(kind, name, true).await?,
+        QueueCommand::Resume { kind, name } => set(kind, name, false).await?,
+        QueueCommand::Pauses => {
+            for row in pause::list(db).await? {
+                println!("{}", serde_json::to_string(&row)?);
+            }
+        }
+        QueueCommand::CancelBatch { id } => {
+            let batch = cancel::batch(db, id).await?.ok_or_else(|| anyhow::anyhow!("no batch {id}"))?;
+            let canceled = cancel::cancel_batch(db, &batch, actor).await?;
+            println!("{}", serde_json::json!({ "batch_id": id, "canceled": canceled }));
+        }
+    }
+    Ok(())
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")
 }
@@ -458,6 +544,31 @@ async fn run_dlq(db: &sqlx::PgPool, command: DlqCommand) -> anyhow::Result<()> {
             let n = dlq::replay(db, &replay, &crate::audit::Actor::cli()).await?;
             println!("replayed {n} jobs at {rate}/s");
         }
+        DlqCommand::Retry { id, extra_attempts } => {
+            anyhow::ensure!(
+                (1..=dlq::MAX_EXTRA_ATTEMPTS).contains(&extra_attempts),
+                "--extra-attempts must be between 1 and {}",
+                dlq::MAX_EXTRA_ATTEMPTS
+            );
+            let done = dlq::retry_one(db, id, extra_attempts, &crate::audit::Actor::cli()).await?;
+            print_dead_letter_action(id, done)?;
+        }
+        DlqCommand::Discard { id } => {
+            let done = dlq::discard_one(db, id, &crate::audit::Actor::cli()).await?;
+            print_dead_letter_action(id, done)?;
+        }
     }
     Ok(())
+}
+
+fn print_dead_letter_action(id: i64, done: crate::queue::dlq::DeadLetterAction) -> anyhow::Result<()> {
+    use crate::queue::dlq::DeadLetterAction;
+    match done {
+        DeadLetterAction::Done(job) => {
+            println!("{}", serde_json::to_string(&job)?);
+            Ok(())
+        }
+        DeadLetterAction::NotDead(status) => anyhow::bail!("job {id} is {status}, not a dead letter"),
+        DeadLetterAction::NotFound => anyhow::bail!("no job {id}"),
+    }
 }

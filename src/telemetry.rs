@@ -62,6 +62,7 @@ pub fn register_event_counters(state: &crate::state::AppState) {
             "cifpool_queue_enqueued_total",
             "cifpool_queue_rejected_total",
             "cifpool_queue_throttled_total",
+            "cifpool_queue_intake_would_reject_total",
         ] {
             metrics::counter!(name, "class" => class.clone()).absolute(0);
         }

@@ -21,7 +21,7 @@ fn needed_scope(method: &str, path: &str) -> Scope {
         ("GET", "/v1/pools" | "/v1/cif/{cif}" | "/cif/{cif}") => Scope::CifRead,
         ("POST", p) if p.starts_with("/v1/cif") || p.starts_with("/cif") => Scope::CifReserve,
         ("POST", p) if p.starts_with("/v1/notifications") => Scope::NotifySend,
-        ("GET", "/v1/notifications/{id}") => Scope::NotifyRead,
+        ("GET", "/v1/notifications/{id}" | "/v1/notifications/batches/{id}") => Scope::NotifyRead,
         other => panic!("no scope rule for {other:?}: teach tests/auth.rs"),
     }
 }

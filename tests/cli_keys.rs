@@ -2,25 +2,7 @@
 
 mod common;
 
-use std::process::{Command, Output};
-
-use serde_json::Value;
-
-fn cifpool(db_url: &str, args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cifpool"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("CIFPOOL_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("CIFPOOL_DATABASE__URL", db_url).env("CIFPOOL_MASTER_KEY", common::TEST_MASTER_KEY_HEX);
-    cmd.args(args).output().unwrap()
-}
-
-fn lines(out: &Output) -> Vec<Value> {
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
+use common::{cifpool_cli as cifpool, json_lines as lines};
 
 #[tokio::test]
 async fn keys_are_managed_and_audited_from_the_command_line() {

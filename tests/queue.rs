@@ -2,7 +2,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cifpool::claim::Fenced;
@@ -10,104 +9,13 @@ use cifpool::config::OverloadMode;
 use cifpool::queue::fake_provider::FakeBehaviour;
 use cifpool::queue::policy::{ClaimOrder, GroupPolicy, Strategy};
 use cifpool::queue::stats::ClassStats;
-use cifpool::queue::worker::{Outcome, WorkerGroup};
+use cifpool::queue::worker::Outcome;
 use cifpool::queue::{intake, store};
+use common::queue_env::{drain, env, env_with};
 use common::{
-    FakeServer, TEST_ADMIN_TOKEN, TestApp, TestDb, assert_problem, fake_server, fresh_database, spawn_passive_app,
-    test_settings_with_pools, use_fake_providers,
+    TEST_ADMIN_TOKEN, assert_problem, fake_server, fresh_database, test_settings_with_pools, use_fake_providers,
 };
 use serde_json::{Value, json};
-
-struct Env {
-    db: TestDb,
-    app: TestApp,
-    sms: FakeServer,
-    push: FakeServer,
-}
-
-async fn env_with(tweak: impl FnOnce(&mut cifpool::config::Settings)) -> Env {
-    let db = fresh_database().await;
-    let sms = fake_server(FakeBehaviour::default()).await;
-    let push = fake_server(FakeBehaviour::default()).await;
-    let mut settings = test_settings_with_pools(&db.url);
-    use_fake_providers(&mut settings, &sms, &push);
-    tweak(&mut settings);
-    let app = spawn_passive_app(settings).await;
-    // No budget task runs in a passive app: take this instance's share of each provider once.
-    app.state.queue.join_budgets(&app.state.db).await.unwrap();
-    Env { db, app, sms, push }
-}
-
-async fn env() -> Env {
-    env_with(|_| {}).await
-}
-
-impl Env {
-    fn group(&self, strategy: Strategy, index: usize) -> Arc<WorkerGroup> {
-        let all = ["otp", "transactional", "promo"].map(String::from).to_vec();
-        let policy = strategy.groups(20, 6, &["otp".to_string()], &all).remove(index);
-        WorkerGroup::new(policy, self.app.state.db.clone(), self.app.state.queue.clone())
-    }
-
-    async fn enqueue(&self, class: &str, tenant: &str, n: usize) -> Vec<i64> {
-        let mut ids = Vec::new();
-        for i in 0..n {
-            let r = self
-                .app
-                .client
-                .post(self.app.url("/v1/notifications"))
-                .json(&json!({ "class": class, "tenant": tenant, "recipient": format!("+84900{i:06}"), "payload": {"n": i} }))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
-            ids.push(r.json::<Value>().await.unwrap()["id"].as_i64().unwrap());
-        }
-        ids
-    }
-
-    async fn batch(&self, class: &str, tenant: &str, n: usize) {
-        let jobs: Vec<Value> = (0..n).map(|i| json!({ "recipient": format!("dev-{tenant}-{i}") })).collect();
-        let r = self
-            .app
-            .client
-            .post(self.app.url("/v1/notifications/batch"))
-            .json(&json!({ "class": class, "tenant": tenant, "jobs": jobs }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
-    }
-
-    async fn status(&self, id: i64) -> String {
-        sqlx::query_scalar("SELECT status FROM notification_jobs WHERE id = $1")
-            .bind(id)
-            .fetch_one(&self.db.pool)
-            .await
-            .unwrap()
-    }
-
-    async fn make_due(&self) {
-        sqlx::query("UPDATE notification_jobs SET run_after = now() WHERE status = 'failed-retrying'")
-            .execute(&self.db.pool)
-            .await
-            .unwrap();
-    }
-
-    async fn count(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string())).fetch_one(&self.db.pool).await.unwrap()
-    }
-}
-
-async fn drain(group: &WorkerGroup) -> Vec<Outcome> {
-    let mut outcomes = Vec::new();
-    loop {
-        match group.try_execute_next().await.unwrap() {
-            Outcome::Idle => return outcomes,
-            o => outcomes.push(o),
-        }
-    }
-}
 
 #[tokio::test]
 async fn bulkhead_reserved_group_never_runs_promo_and_bulk_never_runs_otp() {
@@ -360,10 +268,10 @@ async fn per_tenant_in_flight_cap_holds_between_claims() {
 #[tokio::test]
 async fn backpressure_rejects_bulk_with_retry_after_but_always_takes_otp() {
     let e = env().await;
-    e.app
-        .state
-        .queue_stats
-        .set("promo", ClassStats { pending: 1_000_000, oldest_age_s: 60.0, drain_per_s: 10.0, dead: 0 });
+    e.app.state.queue_stats.set(
+        "promo",
+        ClassStats { pending: 1_000_000, oldest_age_s: 60.0, drain_per_s: 10.0, ..ClassStats::default() },
+    );
     let r = e
         .app
         .client
@@ -387,11 +295,14 @@ async fn backpressure_rejects_bulk_with_retry_after_but_always_takes_otp() {
     e.app
         .state
         .queue_stats
-        .set("otp", ClassStats { pending: 1_000_000, oldest_age_s: 600.0, drain_per_s: 1.0, dead: 0 });
+        .set("otp", ClassStats { pending: 1_000_000, oldest_age_s: 600.0, drain_per_s: 1.0, ..ClassStats::default() });
     e.enqueue("otp", "auth", 1).await;
     assert_eq!(e.count("SELECT count(*) FROM notification_jobs").await, 1, "only the OTP was written");
     // Under the target, bulk is accepted again.
-    e.app.state.queue_stats.set("promo", ClassStats { pending: 10, oldest_age_s: 1.0, drain_per_s: 100.0, dead: 0 });
+    e.app
+        .state
+        .queue_stats
+        .set("promo", ClassStats { pending: 10, oldest_age_s: 1.0, drain_per_s: 100.0, ..ClassStats::default() });
     e.enqueue("promo", "shop", 1).await;
 }
 
@@ -401,7 +312,7 @@ async fn defer_mode_accepts_overload_but_schedules_it_later() {
     e.app
         .state
         .queue_stats
-        .set("promo", ClassStats { pending: 100_000, oldest_age_s: 10.0, drain_per_s: 10.0, dead: 0 });
+        .set("promo", ClassStats { pending: 100_000, oldest_age_s: 10.0, drain_per_s: 10.0, ..ClassStats::default() });
     let id = e.enqueue("promo", "shop", 1).await[0];
     let later: bool =
         sqlx::query_scalar("SELECT run_after > now() + interval '1 hour' FROM notification_jobs WHERE id = $1")
@@ -547,7 +458,7 @@ async fn an_idempotent_retry_gets_its_job_even_while_intake_sheds_load() {
     e.app
         .state
         .queue_stats
-        .set("promo", ClassStats { pending: 1_000_000, oldest_age_s: 60.0, drain_per_s: 1.0, dead: 0 });
+        .set("promo", ClassStats { pending: 1_000_000, oldest_age_s: 60.0, drain_per_s: 1.0, ..ClassStats::default() });
     let again = e.app.client.post(e.app.url("/v1/notifications")).json(&body).send().await.unwrap();
     assert_eq!(again.status(), 200);
     assert_eq!(again.json::<Value>().await.unwrap()["id"], first["id"]);
@@ -658,28 +569,33 @@ async fn a_bulk_batch_without_keys_keeps_every_byte_of_its_payloads() {
 }
 
 #[tokio::test]
-async fn purge_deletes_only_finished_jobs_past_retention_in_every_class() {
+async fn purge_deletes_only_finished_jobs_past_retention_in_every_class_and_keeps_dead_letters() {
     let e = env().await;
-    // 25 old sent promo jobs, 5 old dead jobs of a class no longer configured, 4 recent sent jobs,
-    // 3 old pending jobs (never finished: kept whatever their age).
+    // 25 old sent promo jobs, 5 old expired jobs of a class no longer configured, 4 recent sent jobs,
+    // 3 old pending jobs (never finished: kept whatever their age), 6 old dead letters.
     sqlx::query(
         "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts, status, \
                                         finished_at) \
          SELECT c, 2, 't', i, 'r', '{}', 5, s, f FROM ( \
             SELECT 'promo' AS c, 'sent' AS s, now() - interval '8 days' AS f, i FROM generate_series(1, 25) i \
-            UNION ALL SELECT 'retired', 'dead', now() - interval '9 days', i FROM generate_series(1, 5) i \
+            UNION ALL SELECT 'retired', 'expired', now() - interval '9 days', i FROM generate_series(1, 5) i \
             UNION ALL SELECT 'promo', 'sent', now() - interval '1 hour', i FROM generate_series(1, 4) i \
-            UNION ALL SELECT 'promo', 'pending', NULL, i FROM generate_series(1, 3) i) AS rows",
+            UNION ALL SELECT 'promo', 'pending', NULL, i FROM generate_series(1, 3) i \
+            UNION ALL SELECT 'transactional', 'dead', now() - interval '30 days', i FROM generate_series(1, 6) i) AS rows",
     )
     .execute(&e.db.pool)
     .await
     .unwrap();
     let week = Duration::from_secs(7 * 86_400);
     // Batches of 10, at most 20 a call: the first call stops at its cap.
-    assert_eq!(store::purge_finished(&e.db.pool, week, 10, 20).await.unwrap(), 20);
-    assert_eq!(store::purge_finished(&e.db.pool, week, 10, 20).await.unwrap(), 10);
-    assert_eq!(store::purge_finished(&e.db.pool, week, 10, 20).await.unwrap(), 0);
+    let purge = |which| store::purge_finished(&e.db.pool, which, week, 10, 20);
+    assert_eq!(purge(store::Purge::Finished).await.unwrap(), 20);
+    assert_eq!(purge(store::Purge::Finished).await.unwrap(), 10);
+    assert_eq!(purge(store::Purge::Finished).await.unwrap(), 0);
     assert_eq!(e.count("SELECT count(*) FROM notification_jobs WHERE class = 'retired'").await, 0);
     assert_eq!(e.count("SELECT count(*) FROM notification_jobs WHERE status = 'sent'").await, 4);
     assert_eq!(e.count("SELECT count(*) FROM notification_jobs WHERE status = 'pending'").await, 3);
+    assert_eq!(e.count("SELECT count(*) FROM notification_jobs WHERE status = 'dead'").await, 6, "dead letters stay");
+    // Only their own retention removes them.
+    assert_eq!(purge(store::Purge::DeadLetters).await.unwrap(), 6);
 }

@@ -45,9 +45,12 @@ pub struct QueueSettings {
     /// Request deadline of the batch endpoint (a 500,000-job batch takes seconds).
     #[serde(with = "humantime_serde")]
     pub batch_timeout: Duration,
-    /// Finished jobs (sent, dead, expired) and their results are deleted after this long.
+    /// Finished jobs (sent, expired, canceled, discarded) and their results are deleted after this long.
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
+    /// Dead letters are deleted after this long (unset: never; they wait for a retry or a discard).
+    #[serde(default, with = "humantime_serde")]
+    pub dead_letter_retention: Option<Duration>,
     /// Tenant weights for fair turns (default 1; a tier may weigh more).
     #[serde(default)]
     pub tenant_weights: std::collections::BTreeMap<String, f64>,
@@ -80,6 +83,8 @@ pub enum OverloadMode {
     Reject,
     /// Accept, scheduled after the predicted wait.
     Defer,
+    /// Accept everything; count and log what `reject` would refuse (to tune targets before they bite).
+    Observe,
 }
 
 /// `[[queue.classes]]`

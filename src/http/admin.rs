@@ -1,5 +1,5 @@
-//! `/admin`, for callers holding the `admin` scope: refill and reclaim pools, list and replay dead
-//! letters, manage API keys, read the audit trail.
+//! `/admin`, for callers holding the `admin` scope: refill and reclaim pools; see, pause and resume the
+//! queue; list, replay, retry and discard dead letters; manage API keys; read the audit trail.
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -12,7 +12,10 @@ use crate::auth::api_key::{self, KeyError, NewKey};
 use crate::cif::{reclaim, refill::RefillOptions, upkeep};
 use crate::http::auth::{Authorized, needs};
 use crate::http::error::ApiError;
-use crate::queue::dlq::{self, DlqFilter, Replay};
+use crate::queue::dlq::{self, DeadLetterAction, DlqFilter, Replay};
+use crate::queue::pause::{self, PauseKind};
+use crate::queue::store::JobView;
+use crate::queue::view::{self, QueueView};
 use crate::state::AppState;
 
 type Admin = Authorized<needs::Admin>;
@@ -24,6 +27,13 @@ pub fn router() -> Router<AppState> {
         .route("/admin/reclaim", post(reclaim))
         .route("/admin/dlq", get(dlq_list))
         .route("/admin/dlq/replay", post(dlq_replay))
+        .route("/admin/dlq/{id}/retry", post(dlq_retry))
+        .route("/admin/dlq/{id}/discard", post(dlq_discard))
+        .route("/admin/queue", get(queue_view))
+        .route("/admin/queue/classes/{name}/pause", post(pause_class))
+        .route("/admin/queue/classes/{name}/resume", post(resume_class))
+        .route("/admin/queue/providers/{name}/pause", post(pause_provider))
+        .route("/admin/queue/providers/{name}/resume", post(resume_provider))
         .route("/admin/keys", post(create_key).get(list_keys))
         .route("/admin/keys/{name}", delete(revoke_key))
         .route("/admin/audit", get(audit_search))
@@ -142,4 +152,115 @@ async fn audit_search(
 ) -> Result<Json<audit::AuditPage>, ApiError> {
     q.validate().map_err(ApiError::BadRequest)?;
     Ok(Json(audit::search(&state.db, &q).await?))
+}
+
+#[derive(Debug, Deserialize)]
+struct RetryQuery {
+    #[serde(default = "one")]
+    extra_attempts: i32,
+}
+
+fn one() -> i32 {
+    1
+}
+
+fn dead_letter_answer(id: i64, done: DeadLetterAction) -> Result<Json<JobView>, ApiError> {
+    match done {
+        DeadLetterAction::Done(job) => Ok(Json(job)),
+        DeadLetterAction::NotDead(status) => {
+            Err(ApiError::Conflict(format!("job {id} is {status}, not a dead letter")))
+        }
+        DeadLetterAction::NotFound => Err(ApiError::NotFound(format!("no job {id}"))),
+    }
+}
+
+fn job_id(id: &str) -> Result<i64, ApiError> {
+    id.parse().map_err(|_| ApiError::BadRequest(format!("{id:?} is not a job id")))
+}
+
+async fn dlq_retry(
+    auth: Admin,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<RetryQuery>,
+) -> Result<Json<JobView>, ApiError> {
+    let id = job_id(&id)?;
+    if !(1..=dlq::MAX_EXTRA_ATTEMPTS).contains(&q.extra_attempts) {
+        return Err(ApiError::BadRequest(format!("extra_attempts must be between 1 and {}", dlq::MAX_EXTRA_ATTEMPTS)));
+    }
+    dead_letter_answer(id, dlq::retry_one(&state.db, id, q.extra_attempts, &auth.actor).await?)
+}
+
+async fn dlq_discard(
+    auth: Admin,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobView>, ApiError> {
+    let id = job_id(&id)?;
+    dead_letter_answer(id, dlq::discard_one(&state.db, id, &auth.actor).await?)
+}
+
+async fn queue_view(_: Admin, State(state): State<AppState>) -> Result<Json<QueueView>, ApiError> {
+    Ok(Json(view::read(&state.db, &state.queue, &state.queue_stats).await?))
+}
+
+#[derive(Serialize)]
+struct PauseAnswer {
+    kind: PauseKind,
+    name: String,
+    paused: bool,
+    /// False when it already was so (nothing changed, nothing recorded).
+    changed: bool,
+}
+
+async fn set_pause(
+    state: &AppState,
+    auth: &Admin,
+    kind: PauseKind,
+    name: String,
+    paused: bool,
+) -> Result<Json<PauseAnswer>, ApiError> {
+    let known = match kind {
+        PauseKind::Class => state.queue.classes.contains_key(&name),
+        PauseKind::Provider => state.queue.providers.contains_key(&name),
+    };
+    if !known {
+        return Err(ApiError::NotFound(format!("no {} named {name:?}", kind.as_str())));
+    }
+    let changed = pause::set(&state.db, kind, &name, paused, &auth.actor).await?;
+    state.queue.note_pause(kind, &name, paused);
+    tracing::info!(kind = kind.as_str(), name, paused, changed, actor = %auth.actor.name, "queue pause");
+    Ok(Json(PauseAnswer { kind, name, paused, changed }))
+}
+
+async fn pause_class(
+    auth: Admin,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<PauseAnswer>, ApiError> {
+    set_pause(&state, &auth, PauseKind::Class, name, true).await
+}
+
+async fn resume_class(
+    auth: Admin,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<PauseAnswer>, ApiError> {
+    set_pause(&state, &auth, PauseKind::Class, name, false).await
+}
+
+async fn pause_provider(
+    auth: Admin,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<PauseAnswer>, ApiError> {
+    set_pause(&state, &auth, PauseKind::Provider, name, true).await
+}
+
+async fn resume_provider(
+    auth: Admin,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<PauseAnswer>, ApiError> {
+    set_pause(&state, &auth, PauseKind::Provider, name, false).await
 }

@@ -1,4 +1,5 @@
-//! `/v1/notifications`: enqueue one, enqueue a batch, look one up.
+//! `/v1/notifications`: enqueue one or a batch (sent now or at `run_at`), look one up, cancel one, and
+//! watch or cancel a batch.
 
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
@@ -8,13 +9,19 @@ use serde::Serialize;
 
 use crate::http::auth::{Authorized, needs};
 use crate::http::error::ApiError;
+use crate::queue::cancel::{self, Canceled};
 use crate::queue::intake::{self, BatchRequest, NewJob, SubmitError};
 use crate::queue::store::{self, JobView};
 use crate::state::AppState;
 
 /// Routes with the ordinary body limit.
 pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/notifications", post(enqueue_one)).route("/v1/notifications/{id}", get(get_job))
+    Router::new()
+        .route("/v1/notifications", post(enqueue_one))
+        .route("/v1/notifications/{id}", get(get_job))
+        .route("/v1/notifications/{id}/cancel", post(cancel_job))
+        .route("/v1/notifications/batches/{id}", get(get_batch))
+        .route("/v1/notifications/batches/{id}/cancel", post(cancel_batch))
 }
 
 /// The batch route, which carries its own (large) body limit.
@@ -57,6 +64,7 @@ async fn enqueue_one(
 struct BatchAccepted {
     accepted: u64,
     duplicates: u64,
+    batch_id: i64,
 }
 
 async fn enqueue_batch(
@@ -65,7 +73,8 @@ async fn enqueue_batch(
     Json(req): Json<BatchRequest>,
 ) -> Result<(StatusCode, Json<BatchAccepted>), ApiError> {
     let done = intake::submit_batch(&state.db, &state.queue, &state.queue_stats, &auth.caller, req).await?;
-    Ok((StatusCode::ACCEPTED, Json(BatchAccepted { accepted: done.accepted, duplicates: done.duplicates })))
+    let body = BatchAccepted { accepted: done.accepted, duplicates: done.duplicates, batch_id: done.batch_id };
+    Ok((StatusCode::ACCEPTED, Json(body)))
 }
 
 async fn get_job(
@@ -73,9 +82,68 @@ async fn get_job(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<JobView>, ApiError> {
-    let id: i64 = id.parse().map_err(|_| ApiError::BadRequest(format!("{id:?} is not a job id")))?;
+    let id = parse_id(&id, "job")?;
     let job =
         store::get_job(&state.db, id).await?.ok_or_else(|| ApiError::NotFound(format!("no notification {id}")))?;
     auth.check_tenant(&job.tenant)?;
     Ok(Json(job))
+}
+
+fn parse_id(id: &str, what: &str) -> Result<i64, ApiError> {
+    id.parse().map_err(|_| ApiError::BadRequest(format!("{id:?} is not a {what} id")))
+}
+
+async fn cancel_job(
+    auth: Authorized<needs::NotifySend>,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobView>, ApiError> {
+    let id = parse_id(&id, "job")?;
+    // The tenant check comes before the cancel: a key may not even learn how far another tenant's job got.
+    let job =
+        store::get_job(&state.db, id).await?.ok_or_else(|| ApiError::NotFound(format!("no notification {id}")))?;
+    auth.check_tenant(&job.tenant)?;
+    match cancel::cancel_job(&state.db, id, &auth.actor).await? {
+        Canceled::Now(job) | Canceled::Already(job) => Ok(Json(job)),
+        Canceled::TooLate(job) => {
+            Err(ApiError::Conflict(format!("notification {id} is {}: too late to cancel", job.status)))
+        }
+        Canceled::NotFound => Err(ApiError::NotFound(format!("no notification {id}"))),
+    }
+}
+
+/// The batch `id`, once the caller is allowed to see every tenant it holds.
+async fn authorized_batch<S>(auth: &Authorized<S>, state: &AppState, id: &str) -> Result<cancel::Batch, ApiError> {
+    let id = parse_id(id, "batch")?;
+    let batch = cancel::batch(&state.db, id).await?.ok_or_else(|| ApiError::NotFound(format!("no batch {id}")))?;
+    for tenant in &batch.tenants {
+        auth.check_tenant(tenant)?;
+    }
+    Ok(batch)
+}
+
+async fn get_batch(
+    auth: Authorized<needs::NotifyRead>,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<cancel::BatchView>, ApiError> {
+    let batch = authorized_batch(&auth, &state, &id).await?;
+    Ok(Json(cancel::batch_view(&state.db, &batch).await?))
+}
+
+#[derive(Serialize)]
+struct BatchCanceled {
+    batch_id: i64,
+    canceled: u64,
+}
+
+async fn cancel_batch(
+    auth: Authorized<needs::NotifySend>,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<BatchCanceled>, ApiError> {
+    let batch = authorized_batch(&auth, &state, &id).await?;
+    let canceled = cancel::cancel_batch(&state.db, &batch, &auth.actor).await?;
+    tracing::info!(batch = batch.id, canceled, actor = %auth.actor.name, "batch canceled");
+    Ok(Json(BatchCanceled { batch_id: batch.id, canceled }))
 }

@@ -475,6 +475,9 @@ pub async fn run(db: PgPool, runtime: std::sync::Arc<QueueRuntime>, grace: Durat
     loop {
         tokio::select! { _ = stop.cancelled() => break, _ = tick.tick() => {} }
         runtime.sync_budgets(&db).await;
+        if let Err(e) = runtime.refresh_pauses(&db).await {
+            tracing::debug!(error = %e, "reading the queue pauses failed; the last ones read stay in force");
+        }
     }
     // Keep syncing (the shares stay valid) while the sends of this pod drain, then leave.
     let deadline = Instant::now() + grace;

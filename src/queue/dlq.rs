@@ -164,3 +164,77 @@ pub async fn replay(db: &PgPool, req: &Replay, actor: &Actor) -> Result<u64, sql
         .await?;
     Ok(replayed as u64)
 }
+
+/// What a retry or a discard of one dead letter did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeadLetterAction {
+    /// Done: the job as it is now.
+    Done(crate::queue::store::JobView),
+    /// The job is not a dead letter (its current status).
+    NotDead(String),
+    /// No such job.
+    NotFound,
+}
+
+static RETRY_ONE: LazyLock<String> = LazyLock::new(|| {
+    let retry = format!(
+        "UPDATE notification_jobs SET status = {pending}, finished_at = NULL, max_attempts = attempts + $2, \
+                run_after = now() WHERE id = $1 AND status = {dead} RETURNING id",
+        pending = JobStatus::Pending.sql(),
+        dead = JobStatus::Dead.sql()
+    );
+    let columns = Columns {
+        actor: "$3",
+        request_id: "$4",
+        detail: "jsonb_build_object('job', id, 'extra_attempts', $2::int4)",
+        ..Columns::default()
+    };
+    audited(&retry, &insert_from(action::DLQ_RETRIED, &columns, "done"), "id")
+});
+
+static DISCARD_ONE: LazyLock<String> = LazyLock::new(|| {
+    let discard = format!(
+        "UPDATE notification_jobs SET status = {discarded}, finished_at = clock_timestamp() \
+         WHERE id = $1 AND status = {dead} RETURNING id",
+        discarded = JobStatus::Discarded.sql(),
+        dead = JobStatus::Dead.sql()
+    );
+    let columns =
+        Columns { actor: "$2", request_id: "$3", detail: "jsonb_build_object('job', id)", ..Columns::default() };
+    audited(&discard, &insert_from(action::DLQ_DISCARDED, &columns, "done"), "id")
+});
+
+async fn outcome(db: &PgPool, id: i64, done: Option<i64>) -> Result<DeadLetterAction, sqlx::Error> {
+    let Some(view) = crate::queue::store::get_job(db, id).await? else { return Ok(DeadLetterAction::NotFound) };
+    Ok(if done.is_some() { DeadLetterAction::Done(view) } else { DeadLetterAction::NotDead(view.status) })
+}
+
+/// Puts dead letter `id` back in the queue, due now, with `extra_attempts` more attempts (1 to
+/// [`MAX_EXTRA_ATTEMPTS`]), recorded as `actor`'s.
+pub async fn retry_one(
+    db: &PgPool,
+    id: i64,
+    extra_attempts: i32,
+    actor: &Actor,
+) -> Result<DeadLetterAction, sqlx::Error> {
+    let done: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(RETRY_ONE.as_str()))
+        .bind(id)
+        .bind(extra_attempts)
+        .bind(&actor.name)
+        .bind(&actor.request_id)
+        .fetch_optional(db)
+        .await?;
+    outcome(db, id, done).await
+}
+
+/// Marks dead letter `id` discarded (kept with its history, purged with the finished jobs), recorded as
+/// `actor`'s.
+pub async fn discard_one(db: &PgPool, id: i64, actor: &Actor) -> Result<DeadLetterAction, sqlx::Error> {
+    let done: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(DISCARD_ONE.as_str()))
+        .bind(id)
+        .bind(&actor.name)
+        .bind(&actor.request_id)
+        .fetch_optional(db)
+        .await?;
+    outcome(db, id, done).await
+}

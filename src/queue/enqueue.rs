@@ -84,7 +84,8 @@ pub async fn enqueue_one(
     let id: Option<i64> = sqlx::query_scalar(
         "INSERT INTO notification_jobs \
             (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, idempotency_key) \
-         VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, now() + $8::float8 * interval '1 second', \
+         VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, \
+                 greatest(now() + $8::float8 * interval '1 second', coalesce($11, now())), \
                  clock_timestamp() + $9::float8 * interval '1 second', $10) \
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id",
     )
@@ -98,6 +99,7 @@ pub async fn enqueue_one(
     .bind(delay.as_secs_f64())
     .bind(class.deadline.map(|d| d.as_secs_f64()))
     .bind(&job.idempotency_key)
+    .bind(job.run_at)
     .fetch_optional(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -112,19 +114,43 @@ pub async fn enqueue_one(
     }
 }
 
-/// Inserts many validated jobs in one transaction, fair keys reserved once per (priority, tenant).
-/// A batch without idempotency keys (bulk promo, the common case) goes in by `COPY`; a batch with
-/// keys by array binds (`INSERT … SELECT FROM unnest … ON CONFLICT`), skipping jobs whose key exists.
-/// Returns how many rows were inserted per class.
+/// What [`enqueue_batch`] inserted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchInserted {
+    /// Rows inserted per class.
+    pub per_class: BTreeMap<String, u64>,
+    /// The batch's id (`GET /v1/notifications/batches/{id}`).
+    pub batch_id: i64,
+}
+
+/// Inserts many validated jobs in one transaction, fair keys reserved once per (priority, tenant), as
+/// one batch created by `created_by`. A batch without idempotency keys (bulk promo, the common case)
+/// goes in by `COPY`; a batch with keys by array binds (`INSERT … SELECT FROM unnest … ON CONFLICT`),
+/// skipping jobs whose key exists. Each job is due after `delay` or at its own `run_at`, the later.
 pub async fn enqueue_batch(
     db: &PgPool,
     rt: &QueueRuntime,
     jobs: &[NewJob],
     delay: Duration,
-) -> Result<BTreeMap<String, u64>, sqlx::Error> {
+    created_by: &str,
+) -> Result<BatchInserted, sqlx::Error> {
     let mut tx = db.begin().await?;
     // A large batch is one transaction of several statements; give each the time it needs.
     sqlx::query("SET LOCAL statement_timeout = '60s'").execute(&mut *tx).await?;
+    let mut tenants: Vec<&str> = jobs.iter().map(|j| j.tenant.as_str()).collect();
+    tenants.sort_unstable();
+    tenants.dedup();
+    let batch_id: i64 = sqlx::query_scalar(
+        "INSERT INTO notification_batches (created_by, first_job_id, last_job_id, jobs, tenants) \
+         VALUES ($1, 0, 0, 0, $2) RETURNING id",
+    )
+    .bind(created_by)
+    .bind(&tenants)
+    .fetch_one(&mut *tx)
+    .await?;
+    // Job ids come from a sequence (no cache): every id this insert takes lies above the value read now
+    // and at or below the one read after it, whatever other inserts interleave.
+    let before = last_job_id(&mut tx).await?;
     // Fair keys: a contiguous run per (priority, tenant), in request order.
     let mut groups: BTreeMap<(i16, &str), Vec<usize>> = BTreeMap::new();
     for (i, job) in jobs.iter().enumerate() {
@@ -137,11 +163,40 @@ pub async fn enqueue_batch(
             keys[i] = first + step * n as f64;
         }
     }
-    if jobs.iter().all(|j| j.idempotency_key.is_none()) {
-        let inserted = copy_unkeyed(&mut tx, rt, jobs, &keys, delay).await?;
-        tx.commit().await?;
-        return Ok(inserted);
-    }
+    let inserted = if jobs.iter().all(|j| j.idempotency_key.is_none()) {
+        copy_unkeyed(&mut tx, rt, jobs, &keys, delay, batch_id).await?
+    } else {
+        insert_keyed(&mut tx, rt, jobs, &keys, delay, batch_id).await?
+    };
+    let after = last_job_id(&mut tx).await?;
+    sqlx::query("UPDATE notification_batches SET first_job_id = $2, last_job_id = $3, jobs = $4 WHERE id = $1")
+        .bind(batch_id)
+        .bind(before + 1)
+        .bind(after)
+        .bind(inserted.values().sum::<u64>() as i64)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(BatchInserted { per_class: inserted, batch_id })
+}
+
+async fn last_job_id(tx: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('notification_jobs', 'id')::regclass), 0)",
+    )
+    .fetch_one(tx)
+    .await
+}
+
+/// The keyed path of [`enqueue_batch`]: array binds, conflicts on the idempotency key skipped.
+async fn insert_keyed(
+    tx: &mut sqlx::PgConnection,
+    rt: &QueueRuntime,
+    jobs: &[NewJob],
+    keys: &[f64],
+    delay: Duration,
+    batch_id: i64,
+) -> Result<BTreeMap<String, u64>, sqlx::Error> {
     let mut inserted: BTreeMap<String, u64> = BTreeMap::new();
     for (chunk_no, chunk) in jobs.chunks(CHUNK).enumerate() {
         let offset = chunk_no * CHUNK;
@@ -154,6 +209,7 @@ pub async fn enqueue_batch(
         let mut attempts = Vec::with_capacity(chunk.len());
         let mut deadline = Vec::with_capacity(chunk.len());
         let mut key = Vec::with_capacity(chunk.len());
+        let mut run_at = Vec::with_capacity(chunk.len());
         for (i, job) in chunk.iter().enumerate() {
             let c = &rt.classes[&job.class].settings;
             class.push(job.class.as_str());
@@ -165,14 +221,17 @@ pub async fn enqueue_batch(
             attempts.push(c.max_attempts as i32);
             deadline.push(c.deadline.map(|d| d.as_secs_f64()));
             key.push(job.idempotency_key.as_deref());
+            run_at.push(job.run_at);
         }
         let counts: Vec<(String, i64)> = sqlx::query_as(
             "WITH ins AS (INSERT INTO notification_jobs \
-                (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, idempotency_key) \
-             SELECT c, p, t, f, r, pl::jsonb, a, now() + $10::float8 * interval '1 second', \
-                    clock_timestamp() + d * interval '1 second', k \
+                (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, \
+                 idempotency_key, batch_id) \
+             SELECT c, p, t, f, r, pl::jsonb, a, \
+                    greatest(now() + $10::float8 * interval '1 second', coalesce(ra, now())), \
+                    clock_timestamp() + d * interval '1 second', k, $12 \
              FROM unnest($1::text[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::text[], $7::int4[], \
-                         $8::float8[], $9::text[]) AS u(c, p, t, f, r, pl, a, d, k) \
+                         $8::float8[], $9::text[], $11::timestamptz[]) AS u(c, p, t, f, r, pl, a, d, k, ra) \
              ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING class) \
              SELECT class, count(*) FROM ins GROUP BY class",
         )
@@ -186,13 +245,14 @@ pub async fn enqueue_batch(
         .bind(&deadline)
         .bind(&key)
         .bind(delay.as_secs_f64())
+        .bind(&run_at)
+        .bind(batch_id)
         .fetch_all(&mut *tx)
         .await?;
         for (class, n) in counts {
             *inserted.entry(class).or_default() += n as u64;
         }
     }
-    tx.commit().await?;
     Ok(inserted)
 }
 
@@ -208,6 +268,7 @@ async fn copy_unkeyed(
     jobs: &[NewJob],
     keys: &[f64],
     delay: Duration,
+    batch_id: i64,
 ) -> Result<BTreeMap<String, u64>, sqlx::Error> {
     use std::fmt::Write as _;
     let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
@@ -215,21 +276,25 @@ async fn copy_unkeyed(
         let t = now + chrono::Duration::from_std(after).unwrap_or(chrono::Duration::MAX);
         t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
     };
-    let run_after = at(delay);
+    let default_run_after = at(delay);
     let mut inserted: BTreeMap<&str, u64> = BTreeMap::new();
     let mut copy = tx
         .copy_in_raw(
             "COPY notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts, \
-             run_after, deadline) FROM STDIN",
+             run_after, deadline, batch_id) FROM STDIN",
         )
         .await?;
     let mut text = String::with_capacity(COPY_CHUNK + 4096);
     for (job, key) in jobs.iter().zip(keys) {
         let class = &rt.classes[&job.class].settings;
         let deadline = class.deadline.map_or_else(|| "\\N".to_string(), at);
+        // A scheduled job is due at its `run_at` unless intake deferred the batch past it.
+        let scheduled = job.run_at.and_then(|t| (t - now).to_std().ok()).filter(|d| *d > delay);
+        let run_after = scheduled.map_or_else(|| default_run_after.clone(), at);
         let _ = write!(text, "{}\t{}\t", copy_escape(&job.class), class.priority);
         let _ = write!(text, "{}\t{key}\t{}\t", copy_escape(&job.tenant), copy_escape(&job.recipient));
-        let _ = writeln!(text, "{}\t{}\t{run_after}\t{deadline}", copy_escape(job.payload.get()), class.max_attempts);
+        let _ = write!(text, "{}\t{}\t", copy_escape(job.payload.get()), class.max_attempts);
+        let _ = writeln!(text, "{run_after}\t{deadline}\t{batch_id}");
         *inserted.entry(job.class.as_str()).or_default() += 1;
         if text.len() >= COPY_CHUNK {
             copy.send(text.as_bytes()).await?;

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use sqlx::PgPool;
@@ -19,6 +20,9 @@ use crate::queue::stats::QueueStats;
 pub const MAX_RECIPIENT: usize = 256;
 /// Longest tenant name / idempotency key.
 pub const MAX_LABEL: usize = 128;
+/// Furthest a send may be scheduled ahead.
+pub const MAX_SCHEDULE_AHEAD: Duration = Duration::from_secs(30 * 86_400);
+
 /// A message to enqueue.
 #[derive(Debug, Clone, Deserialize)]
 pub struct NewJob {
@@ -37,6 +41,9 @@ pub struct NewJob {
     /// Same key (per tenant) again returns the existing job.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Send no earlier than this (RFC 3339); at most 30 days ahead, and not past the class's deadline.
+    #[serde(default)]
+    pub run_at: Option<DateTime<Utc>>,
 }
 
 /// JSON `null`, the payload of a job that gives none.
@@ -77,7 +84,23 @@ impl NewJob {
         if let Some(key) = &self.idempotency_key {
             validate::text("idempotency_key", key, MAX_LABEL).map_err(Invalid)?;
         }
-        validate::json_text("payload", self.payload.get()).map_err(Invalid)
+        validate::json_text("payload", self.payload.get()).map_err(Invalid)?;
+        if let Some(at) = self.run_at {
+            let ahead = (at - Utc::now()).to_std().unwrap_or_default();
+            if ahead > MAX_SCHEDULE_AHEAD {
+                return Err(Invalid(format!("run_at {at} is more than 30 days ahead")));
+            }
+            if let Some(deadline) = rt.classes[&self.class].settings.deadline
+                && ahead >= deadline
+            {
+                return Err(Invalid(format!(
+                    "run_at {at} is past the deadline of class {:?} ({}s after enqueue): it would expire unsent",
+                    self.class,
+                    deadline.as_secs()
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -90,6 +113,8 @@ pub enum Admission {
     Defer(Duration),
     /// Refuse: come back after this long (429).
     Reject(Duration),
+    /// Take it now, though `reject` would refuse it (`overload = "observe"`: counted, logged).
+    WouldReject(Duration),
 }
 
 /// Decides whether `class` is accepted, from its predicted wait (pending ahead / recent drain rate)
@@ -105,6 +130,18 @@ pub fn admit(rt: &QueueRuntime, stats: &QueueStats, class: &str) -> Admission {
     match rt.settings.overload {
         OverloadMode::Reject => Admission::Reject((predicted - target).max(Duration::from_secs(1))),
         OverloadMode::Defer => Admission::Defer(predicted - target),
+        OverloadMode::Observe => Admission::WouldReject((predicted - target).max(Duration::from_secs(1))),
+    }
+}
+
+/// Logs an observed would-be rejection at most once every 10 s per class.
+fn log_would_reject(class: &str, excess: Duration) {
+    static LAST: std::sync::Mutex<BTreeMap<String, std::time::Instant>> = std::sync::Mutex::new(BTreeMap::new());
+    let mut last = LAST.lock().expect("log rate lock");
+    let due = last.get(class).is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+    if due {
+        last.insert(class.to_string(), std::time::Instant::now());
+        tracing::warn!(class, over_target_by = ?excess, "intake would reject this class (overload = \"observe\")");
     }
 }
 
@@ -171,6 +208,11 @@ fn delay_or_shed(rt: &QueueRuntime, stats: &QueueStats, class: &str, jobs: u64) 
             metrics::counter!("cifpool_queue_rejected_total", "class" => class.to_string()).increment(jobs);
             Err(SubmitError::Overloaded { class: class.to_string(), retry_after })
         }
+        Admission::WouldReject(excess) => {
+            metrics::counter!("cifpool_queue_intake_would_reject_total", "class" => class.to_string()).increment(jobs);
+            log_would_reject(class, excess);
+            Ok(Duration::ZERO)
+        }
     }
 }
 
@@ -214,6 +256,9 @@ pub struct BatchJob {
     /// Same key (per tenant) again is skipped as a duplicate.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Send no earlier than this, if not the batch's `run_at`.
+    #[serde(default)]
+    pub run_at: Option<DateTime<Utc>>,
 }
 
 /// `POST /v1/notifications/batch`: jobs with batch-wide defaults.
@@ -225,6 +270,9 @@ pub struct BatchRequest {
     /// Tenant of every job that names none.
     #[serde(default)]
     pub tenant: Option<String>,
+    /// When every job that names none is to be sent (RFC 3339; unset: now).
+    #[serde(default)]
+    pub run_at: Option<DateTime<Utc>>,
     /// The jobs, 1 to `queue.max_batch` of them.
     pub jobs: Vec<BatchJob>,
 }
@@ -236,6 +284,8 @@ pub struct BatchSubmitted {
     pub accepted: u64,
     /// Jobs skipped because their idempotency key was used before.
     pub duplicates: u64,
+    /// The batch, to watch (`GET /v1/notifications/batches/{id}`) or cancel.
+    pub batch_id: i64,
 }
 
 /// Validates every job (the first bad one refuses the batch, named by its index), admits each class
@@ -263,6 +313,7 @@ pub async fn submit_batch(
             recipient: j.recipient,
             payload: j.payload,
             idempotency_key: j.idempotency_key,
+            run_at: j.run_at.or(req.run_at),
         };
         apply_tenant(&mut job, caller)?;
         job.validate(rt).map_err(|e| SubmitError::Invalid(format!("jobs[{i}]: {}", e.0)))?;
@@ -275,10 +326,10 @@ pub async fn submit_batch(
     for class in &classes {
         delay = delay.max(delay_or_shed(rt, stats, class, jobs.len() as u64)?);
     }
-    let per_class: BTreeMap<String, u64> = enqueue::enqueue_batch(db, rt, &jobs, delay).await?;
-    for (class, n) in &per_class {
+    let inserted = enqueue::enqueue_batch(db, rt, &jobs, delay, &caller.name).await?;
+    for (class, n) in &inserted.per_class {
         metrics::counter!("cifpool_queue_enqueued_total", "class" => class.clone()).increment(*n);
     }
-    let accepted: u64 = per_class.values().sum();
-    Ok(BatchSubmitted { accepted, duplicates: jobs.len() as u64 - accepted })
+    let accepted: u64 = inserted.per_class.values().sum();
+    Ok(BatchSubmitted { accepted, duplicates: jobs.len() as u64 - accepted, batch_id: inserted.batch_id })
 }

@@ -21,15 +21,22 @@
 //!
 //! Watching it:
 //! - [`stats`]: per-class depth, oldest age and drain rate (gauges, backpressure).
-//! - [`dlq`]: dead-letter listing and paced replay.
+//! - [`dlq`]: dead letters: listing, paced replay, retry or discard one.
+//! - [`view`]: the queue at a glance for `GET /admin/queue`.
+//!
+//! Operating it:
+//! - [`cancel`]: cancel one job or a batch's unsent jobs; what a batch holds.
+//! - [`pause`]: pause and resume a class or a provider for every pod.
 
 pub mod budget;
+pub mod cancel;
 pub mod dlq;
 pub mod enqueue;
 pub mod fake_provider;
 pub mod finish;
 pub mod intake;
 pub mod listen;
+pub mod pause;
 pub mod policy;
 pub mod provider;
 pub mod runtime;
@@ -38,4 +45,5 @@ pub mod stats;
 pub mod status;
 pub mod store;
 pub mod sweep;
+pub mod view;
 pub mod worker;

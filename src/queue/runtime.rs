@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use crate::config::{ClassSettings, QueueSettings};
 use crate::queue::budget;
+use crate::queue::pause::{self, PauseKind, Pauses};
 use crate::queue::policy::GroupPolicy;
 use crate::queue::provider::{ProviderHandle, build_providers};
 use crate::queue::worker::WorkerGroup;
@@ -38,6 +39,8 @@ pub struct QueueRuntime {
     pub wake: Notify,
     /// This instance's identity among the pods sharing the provider budgets (new at every start).
     pub member: Uuid,
+    /// The pauses in force, as last read from `queue_pauses`.
+    pauses: std::sync::RwLock<Pauses>,
 }
 
 impl QueueRuntime {
@@ -60,7 +63,14 @@ impl QueueRuntime {
                 (c.name.clone(), ClassRuntime { settings: c.clone(), provider })
             })
             .collect();
-        Arc::new(QueueRuntime { settings, classes, providers, wake: Notify::new(), member: Uuid::new_v4() })
+        Arc::new(QueueRuntime {
+            settings,
+            classes,
+            providers,
+            wake: Notify::new(),
+            member: Uuid::new_v4(),
+            pauses: Default::default(),
+        })
     }
 
     /// The groups to run (see [`QueueSettings::group_policies`]).
@@ -78,6 +88,43 @@ impl QueueRuntime {
             g.classes.iter().any(|c| self.classes.get(c).is_some_and(|c| c.provider.name == provider))
         };
         self.group_policies().iter().filter(|g| sends_through(g)).map(|g| g.size as u32).sum()
+    }
+
+    /// The pauses in force, as this pod last read them.
+    pub fn pauses(&self) -> Pauses {
+        self.pauses.read().expect("pauses lock").clone()
+    }
+
+    /// Whether jobs of `class` may be claimed now (neither it nor its provider is paused).
+    pub fn claimable(&self, class: &str) -> bool {
+        let Some(c) = self.classes.get(class) else { return false };
+        !self.pauses.read().expect("pauses lock").blocks(class, &c.provider.name)
+    }
+
+    /// Records a pause or resume made through this pod at once (the others read it within a sync).
+    pub fn note_pause(&self, kind: PauseKind, name: &str, paused: bool) {
+        self.pauses.write().expect("pauses lock").set(kind, name, paused);
+        self.publish_pauses();
+    }
+
+    /// Re-reads the pauses in force (every budget sync; tests call it to apply a pause at once).
+    pub async fn refresh_pauses(&self, db: &PgPool) -> Result<(), sqlx::Error> {
+        let pauses = pause::load(db).await?;
+        *self.pauses.write().expect("pauses lock") = pauses;
+        self.publish_pauses();
+        Ok(())
+    }
+
+    fn publish_pauses(&self) {
+        let pauses = self.pauses();
+        for class in self.classes.keys() {
+            let paused = if pauses.is_paused(PauseKind::Class, class) { 1.0 } else { 0.0 };
+            metrics::gauge!("cifpool_queue_paused", "kind" => "class", "name" => class.clone()).set(paused);
+        }
+        for provider in self.providers.keys() {
+            let paused = if pauses.is_paused(PauseKind::Provider, provider) { 1.0 } else { 0.0 };
+            metrics::gauge!("cifpool_queue_paused", "kind" => "provider", "name" => provider.clone()).set(paused);
+        }
     }
 
     /// Reconciles this pod's share of every provider's budget once (what the budget task does every

@@ -30,6 +30,8 @@ pub struct ClassStats {
     pub drain_per_s: f64,
     /// Dead-lettered jobs.
     pub dead: u64,
+    /// Seconds since the oldest dead letter died (0 with none): dead letters wait for a person.
+    pub oldest_dead_age_s: f64,
 }
 
 /// The latest snapshot, refreshed by the maintenance loop.
@@ -76,11 +78,13 @@ impl QueueStats {
         // A literal, not a bind: a generic plan could not prove the partial dead-letter index applies.
         static DEAD: LazyLock<String> = LazyLock::new(|| {
             format!(
-                "SELECT class, count(*) FROM notification_jobs WHERE status = {} GROUP BY class",
+                "SELECT class, count(*), \
+                        coalesce(extract(epoch FROM now() - min(finished_at))::float8, 0) \
+                 FROM notification_jobs WHERE status = {} GROUP BY class",
                 JobStatus::Dead.sql()
             )
         });
-        let dead: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(DEAD.as_str())).fetch_all(db).await?;
+        let dead: Vec<(String, i64, f64)> = sqlx::query_as(sqlx::AssertSqlSafe(DEAD.as_str())).fetch_all(db).await?;
         for class in rt.classes.keys() {
             // The most recent finishes only, so the cost is bounded whatever the rate: under
             // DRAIN_SAMPLE finishes in the window, the rate is count / window; at or above it, the
@@ -109,13 +113,15 @@ impl QueueStats {
                 oldest_age_s: oldest,
                 drain_per_s,
                 dead: dead.iter().find(|d| &d.0 == class).map_or(0, |d| d.1 as u64),
+                oldest_dead_age_s: dead.iter().find(|d| &d.0 == class).map_or(0.0, |d| d.2.max(0.0)),
             };
             let label = class.clone();
             metrics::gauge!("cifpool_queue_pending", "class" => label.clone()).set(stats.pending as f64);
             metrics::gauge!("cifpool_queue_oldest_pending_age_seconds", "class" => label.clone())
                 .set(stats.oldest_age_s);
             metrics::gauge!("cifpool_queue_drain_per_second", "class" => label.clone()).set(stats.drain_per_s);
-            metrics::gauge!("cifpool_queue_dead", "class" => label).set(stats.dead as f64);
+            metrics::gauge!("cifpool_queue_dead", "class" => label.clone()).set(stats.dead as f64);
+            metrics::gauge!("cifpool_queue_dead_oldest_age_seconds", "class" => label).set(stats.oldest_dead_age_s);
             self.set(class, stats);
         }
         Ok(())

@@ -2,10 +2,15 @@
 //!
 //! ```text
 //! pending ──claim──▶ sending ──▶ sent
-//!    ▲                 │ ├────▶ dead      (permanent error, attempts used up; replay → pending)
+//!    ▲                 │ ├────▶ dead      (permanent error, attempts used up; retry/replay → pending,
+//!    │                 │ │                  discard → discarded)
 //!    │                 │ └────▶ expired   (deadline passed; also straight from pending/retrying)
 //!    └── failed-retrying ◀─┘ (transient error, or a lease that expired: back after a backoff)
+//! pending / failed-retrying ──cancel──▶ canceled
 //! ```
+//!
+//! A pending job whose `run_after` lies ahead (a scheduled send) is shown as `scheduled`; in the table it
+//! is `pending`.
 
 use serde::Serialize;
 
@@ -26,13 +31,18 @@ pub enum JobStatus {
     Dead,
     /// Its deadline passed before it could be sent (final).
     Expired,
+    /// Taken out of the queue before it was sent (final).
+    Canceled,
+    /// A dead letter an operator chose not to retry (final, kept with its history).
+    Discarded,
 }
 
 impl JobStatus {
     /// The states a worker may claim from.
     pub const WAITING: [JobStatus; 2] = [JobStatus::Pending, JobStatus::Retrying];
-    /// The states retention purges from.
-    pub const FINISHED: [JobStatus; 3] = [JobStatus::Sent, JobStatus::Dead, JobStatus::Expired];
+    /// The states `queue.retention` purges from (dead letters have a retention of their own).
+    pub const FINISHED: [JobStatus; 4] =
+        [JobStatus::Sent, JobStatus::Expired, JobStatus::Canceled, JobStatus::Discarded];
 
     /// The column value, e.g. `failed-retrying`.
     pub const fn as_str(self) -> &'static str {
@@ -43,6 +53,8 @@ impl JobStatus {
             JobStatus::Sent => "sent",
             JobStatus::Dead => "dead",
             JobStatus::Expired => "expired",
+            JobStatus::Canceled => "canceled",
+            JobStatus::Discarded => "discarded",
         }
     }
 
@@ -57,13 +69,15 @@ impl JobStatus {
     }
 
     /// Every status, in the order of a job's life.
-    pub const ALL: [JobStatus; 6] = [
+    pub const ALL: [JobStatus; 8] = [
         JobStatus::Pending,
         JobStatus::Retrying,
         JobStatus::Sending,
         JobStatus::Sent,
         JobStatus::Dead,
         JobStatus::Expired,
+        JobStatus::Canceled,
+        JobStatus::Discarded,
     ];
 
     /// Parses a column value.

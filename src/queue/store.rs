@@ -369,13 +369,25 @@ pub async fn expire_overdue(db: &PgPool, batch: i64) -> Result<BTreeMap<String, 
     Ok(per_class)
 }
 
-static PURGE: LazyLock<String> = LazyLock::new(|| {
+/// Which finished jobs a purge deletes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purge {
+    /// Sent, expired, canceled and discarded jobs (`queue.retention`).
+    Finished,
+    /// Dead letters (`queue.dead_letter_retention`).
+    DeadLetters,
+}
+
+fn purge_sql(states: &[JobStatus]) -> String {
     JOBS.delete_picked_sql(&Pick {
-        from: &JobStatus::sql_list(&JobStatus::FINISHED),
+        from: &JobStatus::sql_list(states),
         filter: "class = $3 AND finished_at < now() - $2::float8 * interval '1 second'",
         order_by: None,
     })
-});
+}
+
+static PURGE_FINISHED: LazyLock<String> = LazyLock::new(|| purge_sql(&JobStatus::FINISHED));
+static PURGE_DEAD: LazyLock<String> = LazyLock::new(|| purge_sql(&[JobStatus::Dead]));
 
 /// Deletes finished jobs older than `retention`, class by class through the `(class, finished_at)`
 /// index, in statements of up to `batch` rows and at most `max_rows` per call (so one call is never one
@@ -384,7 +396,17 @@ static PURGE: LazyLock<String> = LazyLock::new(|| {
 ///
 /// A single statement without the class could not range-scan that index, and `batch` per sweep capped
 /// the purge rate below what the queue can send (10,000 per 5 s sweep is 2,000 jobs/s).
-pub async fn purge_finished(db: &PgPool, retention: Duration, batch: i64, max_rows: u64) -> Result<u64, sqlx::Error> {
+pub async fn purge_finished(
+    db: &PgPool,
+    which: Purge,
+    retention: Duration,
+    batch: i64,
+    max_rows: u64,
+) -> Result<u64, sqlx::Error> {
+    let sql = match which {
+        Purge::Finished => PURGE_FINISHED.as_str(),
+        Purge::DeadLetters => PURGE_DEAD.as_str(),
+    };
     let classes: Vec<String> = sqlx::query_scalar(
         "WITH RECURSIVE c AS ( \
             SELECT min(class) AS class FROM notification_jobs WHERE finished_at IS NOT NULL \
@@ -398,7 +420,7 @@ pub async fn purge_finished(db: &PgPool, retention: Duration, batch: i64, max_ro
     let mut total = 0;
     for class in classes {
         loop {
-            let done = sqlx::query(sqlx::AssertSqlSafe(PURGE.as_str()))
+            let done = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(batch)
                 .bind(retention.as_secs_f64())
                 .bind(&class)
@@ -419,7 +441,7 @@ pub async fn purge_finished(db: &PgPool, retention: Duration, batch: i64, max_ro
 
 /// A job as `GET /v1/notifications/{id}` shows it (no recipient, no payload: those stay with the
 /// provider call).
-#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct JobView {
     /// Job id, also the provider's idempotency key.
     pub id: i64,
@@ -427,7 +449,7 @@ pub struct JobView {
     pub class: String,
     /// Tenant the job was enqueued for.
     pub tenant: String,
-    /// Current status (see [`JobStatus`]).
+    /// Current status (see [`JobStatus`]); a pending job not due yet shows as `scheduled`.
     pub status: String,
     /// Attempts made so far (a claim counts as one).
     pub attempts: i32,
@@ -435,6 +457,8 @@ pub struct JobView {
     pub max_attempts: i32,
     /// Earliest time of the next attempt.
     pub run_after: DateTime<Utc>,
+    /// When a scheduled job will be sent (its `run_after`, while it is `scheduled`).
+    pub run_at: Option<DateTime<Utc>>,
     /// Time after which the job expires unsent, if its class has a deadline.
     pub deadline: Option<DateTime<Utc>>,
     /// When it was enqueued.
@@ -450,8 +474,11 @@ pub struct JobView {
 /// Looks a job up by id.
 pub async fn get_job(db: &PgPool, id: i64) -> Result<Option<JobView>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, class, tenant, status, attempts, max_attempts, run_after, deadline, created_at, picked_at, \
-                finished_at, last_error FROM notification_jobs WHERE id = $1",
+        "SELECT id, class, tenant, \
+                CASE WHEN status = 'pending' AND run_after > now() THEN 'scheduled' ELSE status END AS status, \
+                attempts, max_attempts, run_after, \
+                CASE WHEN status = 'pending' AND run_after > now() THEN run_after END AS run_at, \
+                deadline, created_at, picked_at, finished_at, last_error FROM notification_jobs WHERE id = $1",
     )
     .bind(id)
     .fetch_optional(db)

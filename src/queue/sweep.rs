@@ -1,5 +1,6 @@
 //! The sweeper: on its schedule, jobs whose worker died mid-send (lease expired) go back to the queue,
-//! waiting jobs past their deadline expire, and finished jobs past retention are deleted.
+//! waiting jobs past their deadline expire, and finished jobs past retention are deleted (dead letters
+//! only past `dead_letter_retention`, if set).
 
 use std::sync::Arc;
 
@@ -7,7 +8,7 @@ use sqlx::PgPool;
 use tokio_cron_scheduler::JobScheduler;
 
 use crate::queue::runtime::QueueRuntime;
-use crate::queue::store;
+use crate::queue::store::{self, Purge};
 
 /// Rows per sweep statement.
 const SWEEP_BATCH: i64 = 1000;
@@ -27,9 +28,19 @@ pub async fn sweep(db: &PgPool, runtime: &QueueRuntime) -> Result<(), sqlx::Erro
     }
     // Statements of 10,000, at most 500,000 rows a pass (100,000 jobs/s at the default 5 s schedule):
     // a first purge of a large backlog is many short transactions spread over several sweeps.
-    let purged = store::purge_finished(db, runtime.settings.retention, 10 * SWEEP_BATCH, PURGE_PER_SWEEP).await?;
+    let purged =
+        store::purge_finished(db, Purge::Finished, runtime.settings.retention, 10 * SWEEP_BATCH, PURGE_PER_SWEEP)
+            .await?;
     if purged > 0 {
         tracing::info!(jobs = purged, "purged finished jobs past retention");
+    }
+    // Dead letters wait for someone to retry or discard them, unless a retention of their own is set.
+    if let Some(retention) = runtime.settings.dead_letter_retention {
+        let purged =
+            store::purge_finished(db, Purge::DeadLetters, retention, 10 * SWEEP_BATCH, PURGE_PER_SWEEP).await?;
+        if purged > 0 {
+            tracing::info!(jobs = purged, "purged dead letters past dead_letter_retention");
+        }
     }
     Ok(())
 }

@@ -117,6 +117,9 @@ impl WorkerGroup {
         let mut capacity = usize::MAX;
         for name in &self.policy.classes {
             let Some(class) = self.runtime.classes.get(name) else { continue };
+            if !self.runtime.claimable(name) {
+                continue;
+            }
             let free = class.provider.budget.available() as usize;
             if free > 0 {
                 classes.push(name.clone());

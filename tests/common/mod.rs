@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 mod cluster;
+pub mod queue_env;
 
 pub use cluster::*;
 
@@ -190,4 +191,23 @@ pub fn serve_command(port: u16, db_url: &str, provider_url: &str) -> std::proces
             .env(format!("CIFPOOL_QUEUE__PROVIDERS__{provider}__URL"), provider_url);
     }
     cmd
+}
+
+/// Runs the `cifpool` binary with `args` against `db_url` and the test master key, in a clean
+/// environment (no inherited `CIFPOOL_*`), as an operator would.
+pub fn cifpool_cli(db_url: &str, args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_cifpool"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CIFPOOL_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("CIFPOOL_DATABASE__URL", db_url).env("CIFPOOL_MASTER_KEY", TEST_MASTER_KEY_HEX);
+    cmd.args(args).output().unwrap()
+}
+
+/// The JSON objects a successful command printed, one per line.
+pub fn json_lines(out: &std::process::Output) -> Vec<serde_json::Value> {
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }

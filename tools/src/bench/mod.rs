@@ -8,7 +8,7 @@
 //!   naive autocommit `INSERT` per code and one raw `COPY` of the same rows.
 //! - [`soak`]: minutes of reservations (reserve + confirm) and queue traffic together, per-minute
 //!   throughput and table sizes.
-//! - [`queue`]: one HTTP batch of 500,000 jobs, the drain of 200,000 jobs through the worker groups
+//! - [`queue`]: one HTTP batch of 500,000 jobs and its cancel, the drain of 200,000 jobs through the worker groups
 //!   with no-op providers, and the OTP wait while a 500,000-job promo backlog drains.
 //!
 //! Everything runs on a scratch database, `cifpool_bench`, dropped and re-created at the start of each

@@ -82,6 +82,10 @@ pub struct EnqueueResult {
     pub seconds: f64,
     /// `accepted / seconds`.
     pub jobs_per_s: f64,
+    /// Jobs `POST /v1/notifications/batches/{id}/cancel` then canceled (all of them: no worker runs).
+    pub canceled: u64,
+    /// From sending the cancel to its answer.
+    pub cancel_seconds: f64,
 }
 
 /// The drain phase.
@@ -252,7 +256,8 @@ pub fn batch_body(class: &str, n: u64, tenants: usize, tag: &str) -> Vec<u8> {
 }
 
 /// Posts one batch; returns (elapsed, accepted).
-async fn post_batch(client: &reqwest::Client, base: &str, body: Vec<u8>) -> anyhow::Result<(Duration, u64)> {
+/// Posts a batch; returns the time to the answer, the jobs accepted and the batch id.
+async fn post_batch(client: &reqwest::Client, base: &str, body: Vec<u8>) -> anyhow::Result<(Duration, u64, i64)> {
     let started = Instant::now();
     let resp = client
         .post(format!("{base}/v1/notifications/batch"))
@@ -266,7 +271,23 @@ async fn post_batch(client: &reqwest::Client, base: &str, body: Vec<u8>) -> anyh
     let elapsed = started.elapsed();
     anyhow::ensure!(status.as_u16() == 202, "batch refused: {status} {text}");
     let body: serde_json::Value = serde_json::from_str(&text)?;
-    Ok((elapsed, body["accepted"].as_u64().unwrap_or(0)))
+    Ok((elapsed, body["accepted"].as_u64().unwrap_or(0), body["batch_id"].as_i64().unwrap_or(0)))
+}
+
+/// Cancels batch `id`; returns the time to the answer and the jobs canceled.
+async fn cancel_batch(client: &reqwest::Client, base: &str, id: i64) -> anyhow::Result<(Duration, u64)> {
+    let started = Instant::now();
+    let resp = client
+        .post(format!("{base}/v1/notifications/batches/{id}/cancel"))
+        .send()
+        .await
+        .context("canceling the batch")?;
+    let status = resp.status();
+    let text = resp.text().await?;
+    let elapsed = started.elapsed();
+    anyhow::ensure!(status.as_u16() == 200, "batch cancel refused: {status} {text}");
+    let body: serde_json::Value = serde_json::from_str(&text)?;
+    Ok((elapsed, body["canceled"].as_u64().unwrap_or(0)))
 }
 
 async fn enqueue_phase(
@@ -279,15 +300,19 @@ async fn enqueue_phase(
     super::checkpoint(db).await;
     let body_bytes = body.len();
     let bar = super::bar(opts.progress, "enqueue (one batch)", 1, "request");
-    let (elapsed, accepted) = post_batch(client, base, body).await?;
+    let (elapsed, accepted, batch_id) = post_batch(client, base, body).await?;
     bar.inc(1);
     bar.finish();
+    super::checkpoint(db).await;
+    let (cancel_elapsed, canceled) = cancel_batch(client, base, batch_id).await?;
     Ok(EnqueueResult {
         jobs: opts.enqueue_jobs,
         accepted,
         body_bytes,
         seconds: elapsed.as_secs_f64(),
         jobs_per_s: accepted as f64 / elapsed.as_secs_f64(),
+        canceled,
+        cancel_seconds: cancel_elapsed.as_secs_f64(),
     })
 }
 
@@ -305,7 +330,7 @@ async fn unfinished(db: &PgPool, class: &str) -> anyhow::Result<u64> {
 
 /// Enqueues `n` promo jobs (workers off) and prepares the table as a long-lived queue would be.
 async fn fill(client: &reqwest::Client, base: &str, db: &PgPool, n: u64, tenants: usize) -> anyhow::Result<()> {
-    let (_, accepted) = post_batch(client, base, batch_body("promo", n, tenants, "d")).await?;
+    let (_, accepted, _) = post_batch(client, base, batch_body("promo", n, tenants, "d")).await?;
     anyhow::ensure!(accepted == n, "only {accepted} of {n} jobs accepted");
     sqlx::query("VACUUM ANALYZE notification_jobs").execute(db).await?;
     super::checkpoint(db).await;
@@ -491,6 +516,13 @@ pub fn table(report: &BenchReport<QueueResults>) -> String {
             format!("{:.2}", r.enqueue.seconds),
             thousands(r.enqueue.jobs_per_s),
             "≤ 4 s for 500,000".into(),
+        ],
+        vec![
+            "cancel that batch".into(),
+            thousands(r.enqueue.canceled as f64),
+            format!("{:.2}", r.enqueue.cancel_seconds),
+            thousands(r.enqueue.canceled as f64 / r.enqueue.cancel_seconds),
+            "≤ 10 s for 500,000".into(),
         ],
         vec![
             "drain, no-op provider".into(),

@@ -220,6 +220,7 @@ fn lab_queue(opts: &LabOptions, strategy: Strategy, sms_url: &str, push_url: &st
         batch_body_limit_bytes: usize::MAX,
         batch_timeout: Duration::from_secs(600),
         retention: Duration::from_secs(86_400),
+        dead_letter_retention: None,
         tenant_weights: Default::default(),
         classes: vec![class("otp", 0, "sms"), class("promo", 2, "push")],
         providers: [("sms".to_string(), provider(sms_url)), ("push".to_string(), provider(push_url))]
@@ -252,9 +253,10 @@ pub async fn run_cell(
             recipient: format!("device-{i}"),
             payload: intake::payload_of(&serde_json::json!({ "campaign": "lab" })),
             idempotency_key: None,
+            run_at: None,
         })
         .collect();
-    enqueue::enqueue_batch(db, &rt, &promo, Duration::ZERO).await.context("inserting the promo batch")?;
+    enqueue::enqueue_batch(db, &rt, &promo, Duration::ZERO, "lab").await.context("inserting the promo batch")?;
 
     let stop = CancellationToken::new();
     let started = Instant::now();
@@ -279,6 +281,7 @@ pub async fn run_cell(
                     recipient: format!("+8490{i:07}"),
                     payload: intake::payload_of(&serde_json::json!({ "code": "000000" })),
                     idempotency_key: None,
+                    run_at: None,
                 };
                 enqueue::enqueue_one(&db, &rt, &job, Duration::ZERO).await.map(|_| ()).map_err(|e| {
                     tracing::warn!(error = %e, "lab: OTP insert failed");

@@ -1,0 +1,179 @@
+//! Taking jobs out of the queue before they are sent: one job, or every unsent job of a batch, and what a
+//! batch holds now. A job that a worker has already claimed cannot be canceled: the cancel and the claim
+//! meet on the job's row lock, so exactly one of them wins.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::audit::{Actor, Columns, action, audited, insert_from};
+use crate::claim::Pick;
+use crate::queue::status::JobStatus;
+use crate::queue::store::{self, JOBS, JobView};
+
+/// Rows per statement of a batch cancel: bounded, so claimers skipping the locked rows never wait long
+/// and no statement is one huge transaction.
+const CANCEL_CHUNK: i64 = 20_000;
+
+/// What canceling one job did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Canceled {
+    /// It was waiting (pending, scheduled or retrying) and is canceled now.
+    Now(JobView),
+    /// It was canceled before (a repeated cancel).
+    Already(JobView),
+    /// It is being sent or is finished: too late.
+    TooLate(JobView),
+    /// No such job.
+    NotFound,
+}
+
+static CANCEL_ONE: LazyLock<String> = LazyLock::new(|| {
+    let cancel = format!(
+        "UPDATE notification_jobs SET status = {canceled}, finished_at = clock_timestamp(), \
+                last_error = 'canceled by ' || $2 \
+         WHERE id = $1 AND status IN ({waiting}) RETURNING id, tenant, class",
+        canceled = JobStatus::Canceled.sql(),
+        waiting = JobStatus::sql_list(&JobStatus::WAITING)
+    );
+    let columns = Columns {
+        actor: "$2",
+        request_id: "$3",
+        detail: "jsonb_build_object('job', id, 'tenant', tenant, 'class', class)",
+        ..Columns::default()
+    };
+    audited(&cancel, &insert_from(action::JOB_CANCELED, &columns, "done"), "id")
+});
+
+/// Cancels job `id` if it is still waiting, with its audit row.
+pub async fn cancel_job(db: &PgPool, id: i64, actor: &Actor) -> Result<Canceled, sqlx::Error> {
+    let done: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(CANCEL_ONE.as_str()))
+        .bind(id)
+        .bind(&actor.name)
+        .bind(&actor.request_id)
+        .fetch_optional(db)
+        .await?;
+    let Some(view) = store::get_job(db, id).await? else { return Ok(Canceled::NotFound) };
+    Ok(match (done, view.status.as_str()) {
+        (Some(_), _) => Canceled::Now(view),
+        (None, "canceled") => Canceled::Already(view),
+        (None, _) => Canceled::TooLate(view),
+    })
+}
+
+/// A batch as its insert recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Batch {
+    /// The batch's id.
+    pub id: i64,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// The key (actor) that enqueued it.
+    pub created_by: String,
+    /// Every job id of the batch lies in `first_job_id ..= last_job_id`.
+    pub first_job_id: i64,
+    /// See `first_job_id`.
+    pub last_job_id: i64,
+    /// Jobs inserted (duplicates skipped).
+    pub jobs: i64,
+    /// The tenants of its jobs.
+    pub tenants: Vec<String>,
+}
+
+/// The batch `id`, if it exists.
+pub async fn batch(db: &PgPool, id: i64) -> Result<Option<Batch>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, created_at, created_by, first_job_id, last_job_id, jobs, tenants FROM notification_batches \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await
+}
+
+/// Where a batch's jobs stand.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BatchView {
+    /// The batch's id.
+    pub id: i64,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// The key that enqueued it.
+    pub created_by: String,
+    /// Jobs it holds.
+    pub jobs: i64,
+    /// Jobs per status (`scheduled` for pending jobs not due yet); only statuses with jobs appear.
+    pub by_status: BTreeMap<String, i64>,
+}
+
+/// Counts a batch's jobs by status (through the primary key, over the batch's id range).
+pub async fn batch_view(db: &PgPool, batch: &Batch) -> Result<BatchView, sqlx::Error> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT CASE WHEN status = 'pending' AND run_after > now() THEN 'scheduled' ELSE status END, count(*) \
+         FROM notification_jobs WHERE id BETWEEN $1 AND $2 AND batch_id = $3 GROUP BY 1",
+    )
+    .bind(batch.first_job_id)
+    .bind(batch.last_job_id)
+    .bind(batch.id)
+    .fetch_all(db)
+    .await?;
+    Ok(BatchView {
+        id: batch.id,
+        created_at: batch.created_at,
+        created_by: batch.created_by.clone(),
+        jobs: batch.jobs,
+        by_status: rows.into_iter().collect(),
+    })
+}
+
+static CANCEL_CHUNK_SQL: LazyLock<String> = LazyLock::new(|| {
+    let cancel = JOBS.update_picked_sql(
+        &Pick {
+            from: &JobStatus::sql_list(&JobStatus::WAITING),
+            filter: "id BETWEEN $2 AND $3 AND batch_id = $4",
+            order_by: Some("id"),
+        },
+        &format!(
+            "status = {canceled}, finished_at = clock_timestamp(), last_error = 'canceled with batch ' || $4::int8::text || ' by ' || $5",
+            canceled = JobStatus::Canceled.sql()
+        ),
+        "t.id",
+    );
+    let columns = Columns {
+        actor: "$5",
+        request_id: "$6",
+        detail: "jsonb_build_object('batch', $4::int8, 'canceled', count(*))",
+        ..Columns::default()
+    };
+    audited(&cancel, &insert_from(action::BATCH_CANCELED, &columns, "done HAVING count(*) > 0"), "count(*), max(id)")
+});
+
+/// Cancels every job of `batch` that is still waiting, in statements of [`CANCEL_CHUNK`] that skip the
+/// rows a claimer holds (those are being sent: too late for them); each statement that cancels anything
+/// records a `batch.canceled` row with its count. Returns how many were canceled.
+///
+/// Each statement takes the lowest ids and the next one starts after the last id canceled, so the walk
+/// over the primary key never revisits the rows already canceled.
+pub async fn cancel_batch(db: &PgPool, batch: &Batch, actor: &Actor) -> Result<u64, sqlx::Error> {
+    let mut total = 0u64;
+    let mut from = batch.first_job_id;
+    loop {
+        let (n, last): (i64, Option<i64>) = sqlx::query_as(sqlx::AssertSqlSafe(CANCEL_CHUNK_SQL.as_str()))
+            .bind(CANCEL_CHUNK)
+            .bind(from)
+            .bind(batch.last_job_id)
+            .bind(batch.id)
+            .bind(&actor.name)
+            .bind(&actor.request_id)
+            .fetch_one(db)
+            .await?;
+        total += n as u64;
+        match last {
+            Some(last) if n == CANCEL_CHUNK => from = last + 1,
+            _ => return Ok(total),
+        }
+    }
+}

@@ -1,0 +1,486 @@
+//! Queue operations: scheduled sends, canceling a job or a batch, pausing a class or a provider for
+//! every pod, dead letters by id, observe mode and the queue view, against real Postgres and fake
+//! providers.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, SubsecRound, Utc};
+use cifpool::auth::Scope;
+use cifpool::config::{OverloadMode, Settings};
+use cifpool::queue::fake_provider::FakeBehaviour;
+use cifpool::queue::intake::{self, Admission};
+use cifpool::queue::policy::Strategy;
+use cifpool::queue::stats::ClassStats;
+use cifpool::queue::worker::Outcome;
+use common::queue_env::{Env, drain, env, env_with};
+use common::{
+    FakeServer, TEST_ADMIN_TOKEN, TestApp, assert_problem, client_with_key, create_key, fake_server, fresh_database,
+    spawn_app_with, test_settings_with_pools, use_fake_providers,
+};
+use serde_json::{Value, json};
+
+async fn post(app: &TestApp, path: &str) -> reqwest::Response {
+    app.client.post(app.url(path)).send().await.unwrap()
+}
+
+async fn admin_post(app: &TestApp, path: &str) -> reqwest::Response {
+    app.client.post(app.url(path)).bearer_auth(TEST_ADMIN_TOKEN).send().await.unwrap()
+}
+
+/// GET `path`: `/admin` routes with the admin token, the rest with the app's key.
+async fn get_json(app: &TestApp, path: &str) -> Value {
+    let mut request = app.client.get(app.url(path));
+    if path.starts_with("/admin/") {
+        request = request.bearer_auth(TEST_ADMIN_TOKEN);
+    }
+    let r = request.send().await.unwrap();
+    assert_eq!(r.status(), 200, "GET {path}");
+    r.json().await.unwrap()
+}
+
+async fn enqueue_at(e: &Env, class: &str, run_at: Option<DateTime<Utc>>) -> reqwest::Response {
+    let mut job = json!({ "class": class, "tenant": "bank", "recipient": "+84900000001", "payload": {"n": 1} });
+    if let Some(at) = run_at {
+        job["run_at"] = json!(at.to_rfc3339());
+    }
+    e.app.client.post(e.app.url("/v1/notifications")).json(&job).send().await.unwrap()
+}
+
+async fn audit_count(e: &Env, action: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE action = $1")
+        .bind(action)
+        .fetch_one(&e.db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_scheduled_job_is_not_claimed_before_run_at_and_is_sent_after() {
+    let e = env().await;
+    let at = (Utc::now() + chrono::Duration::hours(1)).trunc_subsecs(0);
+    let r = enqueue_at(&e, "transactional", Some(at)).await;
+    assert_eq!(r.status(), 202);
+    let id = r.json::<Value>().await.unwrap()["id"].as_i64().unwrap();
+    let view: Value =
+        e.app.client.get(e.app.url(&format!("/v1/notifications/{id}"))).send().await.unwrap().json().await.unwrap();
+    assert_eq!(view["status"], "scheduled", "{view}");
+    assert_eq!(view["run_at"].as_str().unwrap().parse::<DateTime<Utc>>().unwrap(), at);
+
+    let group = e.group(Strategy::Priority, 0);
+    assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Idle, "claimed before run_at");
+    assert_eq!(e.sms.fake.report().calls, 0);
+    // The hour passes.
+    sqlx::query("UPDATE notification_jobs SET run_after = now() WHERE id = $1")
+        .bind(id)
+        .execute(&e.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Sent(id));
+    assert_eq!(e.sms.fake.deliveries_of(&id.to_string()), 1);
+    let view: Value =
+        e.app.client.get(e.app.url(&format!("/v1/notifications/{id}"))).send().await.unwrap().json().await.unwrap();
+    assert_eq!((view["status"].as_str(), view["run_at"].is_null()), (Some("sent"), true), "{view}");
+}
+
+#[tokio::test]
+async fn run_at_too_far_ahead_or_past_a_class_deadline_is_422_and_batches_take_a_default_and_per_job_times() {
+    let e = env().await;
+    let r = enqueue_at(&e, "transactional", Some(Utc::now() + chrono::Duration::days(31))).await;
+    let problem = assert_problem(r, 422).await;
+    assert!(problem["detail"].as_str().unwrap().contains("30 days"), "{problem}");
+    // An OTP lives 15 s: scheduling it a minute out would only expire it.
+    let r = enqueue_at(&e, "otp", Some(Utc::now() + chrono::Duration::minutes(1))).await;
+    let problem = assert_problem(r, 422).await;
+    assert!(problem["detail"].as_str().unwrap().contains("deadline"), "{problem}");
+    assert_eq!(e.count("SELECT count(*) FROM notification_jobs").await, 0, "a refused job writes nothing");
+    // A time in the past means now.
+    assert_eq!(enqueue_at(&e, "otp", Some(Utc::now() - chrono::Duration::seconds(5))).await.status(), 202);
+
+    let later = Utc::now() + chrono::Duration::hours(2);
+    let r = e
+        .app
+        .client
+        .post(e.app.url("/v1/notifications/batch"))
+        .json(&json!({ "class": "promo", "tenant": "shop", "run_at": later.to_rfc3339(), "jobs": [
+            { "recipient": "a" },
+            { "recipient": "b", "run_at": Utc::now().to_rfc3339() },
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let batch_id = r.json::<Value>().await.unwrap()["batch_id"].as_i64().unwrap();
+    let view = get_json(&e.app, &format!("/v1/notifications/batches/{batch_id}")).await;
+    assert_eq!(view["jobs"], 2);
+    assert_eq!(view["by_status"], json!({ "pending": 1, "scheduled": 1 }), "{view}");
+    let r = e.app.client.get(e.app.url("/v1/notifications/batches/999999")).send().await.unwrap();
+    assert_problem(r, 404).await;
+}
+
+#[tokio::test]
+async fn cancel_takes_a_waiting_job_out_is_idempotent_and_409_once_sent() {
+    let e = env().await;
+    let group = e.group(Strategy::Priority, 0);
+    let ids = e.enqueue("transactional", "bank", 3).await;
+    let scheduled = enqueue_at(&e, "transactional", Some(Utc::now() + chrono::Duration::hours(1))).await;
+    let scheduled = scheduled.json::<Value>().await.unwrap()["id"].as_i64().unwrap();
+
+    // Pending.
+    let r = post(&e.app, &format!("/v1/notifications/{}/cancel", ids[0])).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["status"], "canceled");
+    // Again: the same answer, no second audit row.
+    let r = post(&e.app, &format!("/v1/notifications/{}/cancel", ids[0])).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["status"], "canceled");
+    assert_eq!(audit_count(&e, "job.canceled").await, 1);
+    // Scheduled.
+    let r = post(&e.app, &format!("/v1/notifications/{scheduled}/cancel")).await;
+    assert_eq!(r.json::<Value>().await.unwrap()["status"], "canceled");
+    // Retrying: a transient failure puts it back in the queue, where it can still be canceled.
+    e.sms.fake.set_behaviour(FakeBehaviour { error_rate: 1.0, ..Default::default() });
+    assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Retrying(ids[1]));
+    let r = post(&e.app, &format!("/v1/notifications/{}/cancel", ids[1])).await;
+    assert_eq!(r.json::<Value>().await.unwrap()["status"], "canceled");
+    // Sent: too late.
+    e.sms.fake.set_behaviour(FakeBehaviour::default());
+    assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Sent(ids[2]));
+    let problem = assert_problem(post(&e.app, &format!("/v1/notifications/{}/cancel", ids[2])).await, 409).await;
+    assert!(problem["detail"].as_str().unwrap().contains("sent"), "{problem}");
+    assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Idle, "canceled jobs are never claimed");
+    assert_eq!(e.sms.fake.report().delivered, 1);
+
+    assert_problem(post(&e.app, "/v1/notifications/99999999/cancel").await, 404).await;
+    assert_problem(post(&e.app, "/v1/notifications/abc/cancel").await, 400).await;
+    // A key bound to another tenant may not cancel (or learn about) this one.
+    let other = create_key(&e.db.pool, &[Scope::NotifySend, Scope::NotifyRead], Some(&["shop"])).await;
+    let other = client_with_key(&other);
+    let r = other.post(e.app.url(&format!("/v1/notifications/{}/cancel", ids[2]))).send().await.unwrap();
+    assert_problem(r, 403).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancel_racing_a_claimer_has_exactly_one_winner() {
+    let e = env().await;
+    e.sms.fake.set_behaviour(FakeBehaviour { latency_ms: 5, ..Default::default() });
+    let group = e.group(Strategy::Priority, 0);
+    let (mut canceled, mut sent) = (0, 0);
+    for _ in 0..60 {
+        let id = e.enqueue("transactional", "bank", 1).await[0];
+        let cancel = e.app.client.post(e.app.url(&format!("/v1/notifications/{id}/cancel"))).send();
+        let (claimed, cancel) = tokio::join!(group.try_execute_next(), cancel);
+        let (claimed, cancel) = (claimed.unwrap(), cancel.unwrap());
+        let status = e.status(id).await;
+        let delivered = e.sms.fake.deliveries_of(&id.to_string());
+        match cancel.status().as_u16() {
+            200 => {
+                assert_eq!((status.as_str(), delivered, claimed), ("canceled", 0, Outcome::Idle));
+                canceled += 1;
+            }
+            409 => {
+                assert_eq!((status.as_str(), delivered, claimed), ("sent", 1, Outcome::Sent(id)));
+                sent += 1;
+            }
+            other => panic!("cancel answered {other}"),
+        }
+    }
+    eprintln!("cancel won {canceled} races, the claimer {sent}");
+    assert_eq!(canceled + sent, 60);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn canceling_a_100k_batch_while_workers_run_leaves_no_job_both_canceled_and_sent() {
+    let e = env_with(|s| s.queue.max_batch = 100_000).await;
+    let batch = e.batch("promo", "shop", 100_000).await;
+    let batch_id = batch["batch_id"].as_i64().unwrap();
+    assert_eq!(batch["accepted"], 100_000);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let (group, stop) = (e.group(Strategy::Priority, 0), stop.clone());
+        workers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                group.try_execute_next().await.unwrap();
+            }
+        }));
+    }
+    // Let the workers get going, then cancel under them.
+    while e.push.fake.report().delivered < 50 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let started = Instant::now();
+    let r = post(&e.app, &format!("/v1/notifications/batches/{batch_id}/cancel")).await;
+    let took = started.elapsed();
+    assert_eq!(r.status(), 200);
+    let canceled = r.json::<Value>().await.unwrap()["canceled"].as_i64().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.await.unwrap();
+    }
+    eprintln!("canceled {canceled} of 100000 jobs in {took:?} while 4 workers sent");
+
+    let count = |sql: &'static str| e.count(sql);
+    assert_eq!(count("SELECT count(*) FROM notification_jobs WHERE status = 'canceled'").await, canceled);
+    let sent = count("SELECT count(*) FROM notification_jobs WHERE status = 'sent'").await;
+    assert_eq!(canceled + sent, 100_000, "every job is canceled or sent");
+    assert!(canceled > 90_000, "the batch was stopped early: {canceled}");
+    assert_eq!(
+        count("SELECT count(*) FROM notification_jobs j JOIN notification_results r ON r.job_id = j.id WHERE j.status = 'canceled'")
+            .await,
+        0,
+        "no canceled job has a send result"
+    );
+    let report = e.push.fake.report();
+    assert_eq!(
+        (report.unique_keys as i64, report.duplicated_keys),
+        (sent, 0),
+        "the provider saw exactly the sent jobs"
+    );
+    let view = get_json(&e.app, &format!("/v1/notifications/batches/{batch_id}")).await;
+    assert_eq!(view["by_status"], json!({ "canceled": canceled, "sent": sent }));
+    assert!(audit_count(&e, "batch.canceled").await >= 1);
+}
+
+/// Settings of one of two full instances (background tasks on) sharing `sms` and `push`.
+fn instance(db_url: &str, sms: &FakeServer, push: &FakeServer) -> Settings {
+    let mut s = test_settings_with_pools(db_url);
+    use_fake_providers(&mut s, sms, push);
+    s.queue.poll_interval = Duration::from_millis(50);
+    s
+}
+
+/// Seconds between the newest claim of `class` and `since` (negative: none since).
+async fn last_claim_after(db: &sqlx::PgPool, class: &str, since: DateTime<Utc>) -> f64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(extract(epoch FROM max(picked_at) - $2)::float8, -1) FROM notification_jobs WHERE class = $1",
+    )
+    .bind(class)
+    .bind(since)
+    .fetch_one(db)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pause_stops_claims_on_every_instance_within_a_second_and_resume_restarts_them() {
+    let db = fresh_database().await;
+    let sms = fake_server(FakeBehaviour { latency_ms: 5, ..Default::default() }).await;
+    let push = fake_server(FakeBehaviour { latency_ms: 5, ..Default::default() }).await;
+    let a = spawn_app_with(instance(&db.url, &sms, &push)).await;
+    let b = spawn_app_with(instance(&db.url, &sms, &push)).await;
+    let jobs: Vec<Value> = (0..50_000).map(|i| json!({ "recipient": format!("dev-{i}") })).collect();
+    let r = a
+        .client
+        .post(a.url("/v1/notifications/batch"))
+        .json(&json!({ "class": "promo", "tenant": "shop", "jobs": jobs }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    while push.fake.report().delivered < 500 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let r = admin_post(&a, "/admin/queue/classes/promo/pause").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({ "kind": "class", "name": "promo", "paused": true, "changed": true })
+    );
+    let paused_at: DateTime<Utc> =
+        sqlx::query_scalar("SELECT paused_at FROM queue_pauses").fetch_one(&db.pool).await.unwrap();
+    let seen = Instant::now();
+    while b.state.queue.claimable("promo") {
+        assert!(seen.elapsed() < Duration::from_secs(1), "instance b still claims promo after 1 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let b_saw_it = seen.elapsed();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let stop_latency = last_claim_after(&db.pool, "promo", paused_at).await;
+    eprintln!(
+        "pause to the last claim on either instance: {stop_latency:.3} s (b saw the pause {b_saw_it:?} after a's answer)"
+    );
+    assert!(stop_latency < 1.0, "claims went on {stop_latency} s after the pause");
+    let delivered = push.fake.report().delivered;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(push.fake.report().delivered, delivered, "in-flight sends finished and nothing new started");
+    // Intake goes on, and other classes flow.
+    let r = b
+        .client
+        .post(b.url("/v1/notifications"))
+        .json(&json!({ "class": "transactional", "tenant": "bank", "recipient": "+84900000002", "payload": {} }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let view = get_json(&b, "/admin/queue").await;
+    let promo = view["classes"].as_array().unwrap().iter().find(|c| c["class"] == "promo").unwrap().clone();
+    assert_eq!(promo["paused"], true, "{view}");
+
+    let resumed_at = Utc::now();
+    let r = admin_post(&b, "/admin/queue/classes/promo/resume").await;
+    assert_eq!(r.json::<Value>().await.unwrap()["changed"], true);
+    let by = Instant::now() + Duration::from_secs(5);
+    while last_claim_after(&db.pool, "promo", resumed_at).await < 0.0 {
+        assert!(Instant::now() < by, "promo not claimed again after resume");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A provider pause stops every class it sends.
+    let r = admin_post(&a, "/admin/queue/providers/push/pause").await;
+    assert_eq!(r.status(), 200);
+    let seen = Instant::now();
+    while b.state.queue.claimable("promo") {
+        assert!(seen.elapsed() < Duration::from_secs(1), "instance b still claims for push after 1 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(b.state.queue.claimable("otp"), "classes of other providers go on");
+    assert_problem(admin_post(&a, "/admin/queue/classes/nope/pause").await, 404).await;
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM audit_events WHERE action IN ('queue.paused', 'queue.resumed')"
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap(),
+        3
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_dead_letter_can_be_retried_or_discarded_by_id() {
+    let e = env().await;
+    e.sms.fake.set_behaviour(FakeBehaviour { reject_rate: 1.0, ..Default::default() });
+    let ids = e.enqueue("transactional", "bank", 3).await;
+    let group = e.group(Strategy::Priority, 0);
+    assert_eq!(drain(&group).await, ids.iter().map(|&id| Outcome::Dead(id)).collect::<Vec<_>>());
+
+    let r = admin_post(&e.app, &format!("/admin/dlq/{}/discard", ids[0])).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["status"], "discarded");
+    assert_problem(admin_post(&e.app, &format!("/admin/dlq/{}/discard", ids[0])).await, 409).await;
+    assert_problem(admin_post(&e.app, &format!("/admin/dlq/{}/retry", ids[0])).await, 409).await;
+
+    e.sms.fake.set_behaviour(FakeBehaviour::default());
+    let r = admin_post(&e.app, &format!("/admin/dlq/{}/retry?extra_attempts=2", ids[1])).await;
+    assert_eq!(r.status(), 200);
+    let job: Value = r.json().await.unwrap();
+    assert_eq!(
+        (job["status"].as_str(), job["max_attempts"].as_i64()),
+        (Some("pending"), Some(job["attempts"].as_i64().unwrap() + 2)),
+        "{job}"
+    );
+    assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Sent(ids[1]));
+    assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Idle, "only the retried job came back");
+
+    assert_problem(admin_post(&e.app, &format!("/admin/dlq/{}/retry?extra_attempts=0", ids[2])).await, 400).await;
+    assert_problem(admin_post(&e.app, "/admin/dlq/99999999/retry").await, 404).await;
+    assert_problem(admin_post(&e.app, "/admin/dlq/x/discard").await, 400).await;
+    let dlq = get_json(&e.app, "/admin/dlq").await;
+    let listed: Vec<i64> = dlq["jobs"].as_array().unwrap().iter().map(|j| j["id"].as_i64().unwrap()).collect();
+    assert_eq!(listed, vec![ids[2]], "discarded and retried jobs leave the dead letters");
+    assert_eq!((audit_count(&e, "dlq.retried").await, audit_count(&e, "dlq.discarded").await), (1, 1));
+}
+
+#[tokio::test]
+async fn observe_mode_admits_what_reject_would_refuse_and_counts_it() {
+    let e = env_with(|s| s.queue.overload = OverloadMode::Observe).await;
+    let overloaded = ClassStats { pending: 1_000_000, oldest_age_s: 60.0, drain_per_s: 10.0, ..ClassStats::default() };
+    e.app.state.queue_stats.set("promo", overloaded);
+    assert!(matches!(intake::admit(&e.app.state.queue, &e.app.state.queue_stats, "promo"), Admission::WouldReject(_)));
+    assert_eq!(intake::admit(&e.app.state.queue, &e.app.state.queue_stats, "otp"), Admission::Accept);
+    let id = e.enqueue("promo", "shop", 1).await[0];
+    let due_now: bool = sqlx::query_scalar("SELECT run_after <= now() FROM notification_jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(&e.db.pool)
+        .await
+        .unwrap();
+    assert!(due_now, "observe mode neither refuses nor defers");
+    let text = e.app.client.get(e.app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("cifpool_queue_intake_would_reject_total{") && l.contains("class=\"promo\""))
+        .unwrap_or_else(|| panic!("no would-reject count for promo in /metrics"));
+    // The recorder is process-wide: other tests of this binary may have counted too.
+    let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n >= 1.0, "{line}");
+}
+
+#[tokio::test]
+async fn the_queue_view_matches_the_table() {
+    let e = env().await;
+    e.enqueue("transactional", "bank", 5).await;
+    e.enqueue("promo", "shop", 2).await;
+    enqueue_at(&e, "promo", Some(Utc::now() + chrono::Duration::hours(1))).await;
+    // One of each other state, straight in the table.
+    for sql in [
+        "UPDATE notification_jobs SET status = 'sending', attempts = 1, picked_at = now(), lease_expires_at = now() + interval '1 minute' \
+         WHERE id = (SELECT min(id) FROM notification_jobs WHERE class = 'transactional')",
+        "UPDATE notification_jobs SET status = 'dead', attempts = 1, finished_at = now() - interval '2 hours' \
+         WHERE id = (SELECT max(id) FROM notification_jobs WHERE class = 'transactional')",
+        "UPDATE notification_jobs SET status = 'failed-retrying', attempts = 1, run_after = now() + interval '1 minute' \
+         WHERE id = (SELECT min(id) FROM notification_jobs WHERE class = 'promo')",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&e.db.pool).await.unwrap();
+    }
+    admin_post(&e.app, "/admin/queue/classes/promo/pause").await;
+    let view = get_json(&e.app, "/admin/queue").await;
+    let classes = view["classes"].as_array().unwrap();
+    assert_eq!(
+        classes.iter().map(|c| c["class"].as_str().unwrap()).collect::<Vec<_>>(),
+        ["otp", "promo", "transactional"]
+    );
+    for class in classes {
+        let name = class["class"].as_str().unwrap();
+        let table: (i64, i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status = 'pending' AND run_after <= now()), \
+                    count(*) FILTER (WHERE status = 'pending' AND run_after > now()), \
+                    count(*) FILTER (WHERE status = 'sending'), \
+                    count(*) FILTER (WHERE status = 'failed-retrying'), \
+                    count(*) FILTER (WHERE status = 'dead') FROM notification_jobs WHERE class = $1",
+        )
+        .bind(name)
+        .fetch_one(&e.db.pool)
+        .await
+        .unwrap();
+        let shown = (
+            class["pending"].as_i64().unwrap(),
+            class["scheduled"].as_i64().unwrap(),
+            class["in_flight"].as_i64().unwrap(),
+            class["retrying"].as_i64().unwrap(),
+            class["dead"].as_i64().unwrap(),
+        );
+        assert_eq!(shown, table, "{name}: {class}");
+        assert_eq!(class["paused"], name == "promo");
+    }
+    let transactional = classes.iter().find(|c| c["class"] == "transactional").unwrap();
+    assert_eq!(
+        (transactional["pending"].as_i64(), transactional["in_flight"].as_i64(), transactional["dead"].as_i64()),
+        (Some(3), Some(1), Some(1))
+    );
+    assert!(transactional["oldest_waiting_age_s"].as_f64().unwrap() >= 0.0);
+    let promo = classes.iter().find(|c| c["class"] == "promo").unwrap();
+    assert_eq!(
+        (promo["pending"].as_i64(), promo["scheduled"].as_i64(), promo["retrying"].as_i64()),
+        (Some(1), Some(1), Some(1))
+    );
+    let providers = view["providers"].as_array().unwrap();
+    assert_eq!(providers.iter().map(|p| p["provider"].as_str().unwrap()).collect::<Vec<_>>(), ["push", "sms"]);
+    for p in providers {
+        let configured = &e.app.state.queue.providers[p["provider"].as_str().unwrap()];
+        assert_eq!(p["max_concurrency"].as_u64(), Some(u64::from(configured.budget.max_concurrency())));
+        assert_eq!(p["paused"], false);
+    }
+
+    // The oldest dead letter's age reaches the stats (and its gauge).
+    e.app.state.queue_stats.refresh(&e.app.state.db, &e.app.state.queue).await.unwrap();
+    let age = e.app.state.queue_stats.get("transactional").unwrap().oldest_dead_age_s;
+    assert!((7100.0..7300.0).contains(&age), "{age}");
+}
