@@ -254,6 +254,19 @@ impl ClaimTable {
         )
     }
 
+    /// Locks up to `$1` picked rows for the caller's transaction and returns `columns` of each (`t.` is
+    /// the row), in the pick's order: for a transition the caller computes row by row before it writes
+    /// it in the same transaction. Binds: `$1` batch limit (`int8`), then the caller's from `$2`.
+    pub fn lock_picked_sql(&self, pick: &Pick<'_>, columns: &str) -> String {
+        let table = self.table;
+        let order = pick.order_by.map(|o| format!(" ORDER BY {o}")).unwrap_or_default();
+        format!(
+            "WITH {picked} SELECT {columns} FROM {table} AS t JOIN picked USING ({keys}){order}",
+            picked = self.pick_cte(pick),
+            keys = self.key.join(", "),
+        )
+    }
+
     /// Deletes up to `$1` picked rows. Binds: `$1` batch limit (`int8`), then the caller's from `$2`.
     pub fn delete_picked_sql(&self, pick: &Pick<'_>) -> String {
         let table = self.table;

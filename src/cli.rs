@@ -339,6 +339,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Config(ConfigCommand::Check) => {
             print!("{}", settings.to_redacted_toml());
+            settings.check_for_serve()?;
             eprintln!("configuration is valid");
             Ok(ExitCode::SUCCESS)
         }

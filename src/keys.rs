@@ -186,6 +186,17 @@ impl PoolKey {
     pub(crate) fn as_bytes(&self) -> &[u8; KEY_LEN] {
         &self.0
     }
+
+    /// A key check value: HMAC-SHA256 of a fixed label under this key, first 16 bytes in hex. Stored
+    /// with the pool, it tells whether an instance holds the key the pool was created with (a different
+    /// master key or `key_id` gives another value) without revealing the key; the label keeps it apart
+    /// from the permutation's own use of the key (AES).
+    pub fn check_value(&self) -> String {
+        use hmac::Mac;
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
+        mac.update(b"cifpool pool key check v1");
+        mac.finalize().into_bytes()[..16].iter().map(|b| format!("{b:02x}")).collect()
+    }
 }
 
 impl Drop for PoolKey {

@@ -31,6 +31,7 @@ impl Application {
     /// `database.url`), then [`Application::build_with`]. With the embedded database and no API key
     /// in it, creates a development key with every scope (see [`crate::auth::ensure_dev_key`]).
     pub async fn build(settings: Settings) -> anyhow::Result<Application> {
+        settings.check_for_serve()?;
         let master = crate::keys::resolve_master_key(&settings, true)?;
         let database = Database::open(&settings).await?;
         let embedded = database.embedded.is_some();
@@ -101,11 +102,12 @@ impl Application {
         crate::telemetry::register_event_counters(&state);
         if background {
             let cron = tokio_cron_scheduler::JobScheduler::new().await?;
-            crate::cif::upkeep::schedule(&cron, &state.db, &state.pools).await?;
-            crate::queue::sweep::schedule(&cron, &state.db, &state.queue).await?;
+            crate::cif::upkeep::schedule(&cron, &state.db, &state.pools, &state.upkeep).await?;
+            crate::queue::sweep::schedule(&cron, &state.db, &state.queue, &state.upkeep).await?;
             cron.start().await?;
             scheduler = Some(cron);
             tasks.spawn(crate::cif::upkeep::gauges_loop(state.db.clone(), state.pools.clone(), stop.clone()));
+            tasks.spawn(crate::queue::stage::run(state.db.clone(), state.queue.clone(), stop.clone()));
             tasks.spawn(crate::queue::stats::refresh_loop(
                 state.db.clone(),
                 state.queue.clone(),
@@ -115,7 +117,7 @@ impl Application {
             state.queue.spawn_workers(&state.db, grace, &stop, &mut tasks);
             // Fill pools right away rather than at the first tick (a fresh install starts empty).
             for pool in state.pools.iter() {
-                crate::cif::upkeep::after_claim(&state.db, pool);
+                crate::cif::upkeep::after_claim(&state.db, pool, &state.upkeep);
             }
         }
         tracing::info!(%addr, pools = ?state.pools.names(), background, "cifpool serving");
@@ -144,6 +146,11 @@ impl Application {
             }
         };
         tokio::join!(background, http);
+        // Refills, reclaims and sweeps under way finish (each is bounded) before the pool closes.
+        state.upkeep.close();
+        if tokio::time::timeout(grace, state.upkeep.wait()).await.is_err() {
+            tracing::warn!("maintenance work outlived the grace period");
+        }
         database.close().await;
         tracing::info!("cifpool stopped");
         Ok(())

@@ -10,6 +10,7 @@ use crate::cif::Pools;
 use crate::config::Settings;
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::stats::QueueStats;
+use tokio_util::task::TaskTracker;
 
 /// Cheap to clone: everything inside is reference-counted.
 #[derive(Clone)]
@@ -28,6 +29,9 @@ pub struct AppState {
     pub queue_stats: Arc<QueueStats>,
     /// Checks API keys (and the bootstrap admin token) for every `/v1` and `/admin` request.
     pub auth: Arc<Authenticator>,
+    /// Maintenance runs (refills, reclaims, sweeps) started by requests and schedules: shutdown waits
+    /// for them before it closes the database, so none dies half-way on a closed pool.
+    pub upkeep: TaskTracker,
 }
 
 impl AppState {
@@ -48,6 +52,7 @@ impl AppState {
             pools: Arc::new(pools),
             queue,
             queue_stats: Arc::new(QueueStats::default()),
+            upkeep: TaskTracker::new(),
         }
     }
 }

@@ -201,7 +201,7 @@ async fn kill_nine_and_a_database_restart_lose_nothing_and_duplicate_nothing() {
     let drained_by = Instant::now() + DRAIN;
     loop {
         let open: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM notification_jobs WHERE status IN ('pending', 'sending', 'failed-retrying')",
+            "SELECT count(*) FROM notification_jobs WHERE status IN ('scheduled', 'pending', 'sending', 'failed-retrying')",
         )
         .fetch_one(&db)
         .await

@@ -109,6 +109,29 @@ async fn reserve_confirm_is_used_and_repeat_confirm_is_idempotent() {
 }
 
 #[tokio::test]
+async fn a_repeated_confirm_for_another_customer_ref_is_409_not_used() {
+    let (db, app) = passive().await;
+    fill(&app, "individual").await;
+    let r = reserve_ok(&app, "individual").await;
+    let (cif, token) = (r["cif"].as_str().unwrap(), r["reservation_token"].as_str().unwrap());
+    let confirm = |customer_ref: Option<&str>| {
+        let mut body = json!({ "reservation_token": token });
+        if let Some(c) = customer_ref {
+            body["customer_ref"] = json!(c);
+        }
+        app.client.post(app.url(&format!("/v1/cif/{cif}/confirm"))).json(&body).send()
+    };
+    assert_eq!(confirm(Some("customer-1")).await.unwrap().status(), 200);
+    assert_eq!(confirm(Some("customer-1")).await.unwrap().status(), 200, "a true retry is idempotent");
+    let problem = assert_problem(confirm(Some("customer-2")).await.unwrap(), 409).await;
+    assert!(problem["detail"].as_str().unwrap().contains("another customer_ref"), "{problem}");
+    assert_problem(confirm(None).await.unwrap(), 409).await;
+    let stored: Option<String> =
+        sqlx::query_scalar("SELECT customer_ref FROM cif_issued").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(stored.as_deref(), Some("customer-1"), "the first customer keeps the number");
+}
+
+#[tokio::test]
 async fn expired_hold_is_reclaimed_old_token_gets_409_next_holder_confirms() {
     let (db, app) = passive().await;
     fill(&app, "individual").await;

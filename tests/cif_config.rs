@@ -5,7 +5,7 @@ mod common;
 use std::io::Write;
 
 use cifpool::cif::Pools;
-use cifpool::cif::refill::{RefillOptions, refill};
+use cifpool::cif::refill::{RefillOptions, RefillOutcome, refill};
 use cifpool::config::Settings;
 use common::{fresh_database, test_master_key, test_pool};
 
@@ -56,6 +56,23 @@ fn bad_pool_fields_name_the_key() {
     assert!(msg.contains("pools[0].refill_schedule"), "{msg}");
 }
 
+#[test]
+fn a_pool_needs_only_its_identity_and_missing_keys_are_named_with_dots() {
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    writeln!(f, "[[pools]]\nname = \"retail\"\nprefix = \"3\"\ndigits = 9\ncheck = \"luhn\"\nkey_id = \"2026-12\"")
+        .unwrap();
+    let s = Settings::load_with_env(Some(f.path()), Vec::new()).unwrap();
+    let p = &s.pools[0];
+    assert_eq!((p.low_watermark, p.batch_size, p.max_batches_per_run), (5_000, 2_000, 5));
+    assert_eq!(p.lease_ttl, std::time::Duration::from_secs(300));
+    assert_eq!((p.refill_schedule.as_str(), p.reclaim_schedule.as_str()), ("*/15 * * * * *", "*/30 * * * * *"));
+
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    writeln!(f, "[[pools]]\nname = \"retail\"\nprefix = \"3\"\nkey_id = \"2026-12\"").unwrap();
+    let msg = Settings::load_with_env(Some(f.path()), Vec::new()).unwrap_err().to_string();
+    assert!(msg.contains("pools[0].digits"), "{msg}");
+}
+
 #[tokio::test]
 async fn pinned_fields_cannot_change_once_codes_were_issued() {
     let db = fresh_database().await;
@@ -63,10 +80,12 @@ async fn pinned_fields_cannot_change_once_codes_were_issued() {
     let original = vec![test_pool("individual", "1")];
     let pools = Pools::reconcile(&db.pool, &original, &key).await.unwrap();
 
-    // Before any code exists the format may still change.
+    // The format is pinned when the pool is created, before any code exists: an instance started with
+    // another one is refused at once.
     let mut early = original.clone();
     early[0].digits = 10;
-    Pools::reconcile(&db.pool, &early, &key).await.unwrap();
+    let msg = Pools::reconcile(&db.pool, &early, &key).await.unwrap_err().to_string();
+    assert!(msg.contains("digits") && msg.contains("since the pool was created"), "{msg}");
     let pools_again = Pools::reconcile(&db.pool, &original, &key).await.unwrap();
     drop(pools);
     refill(&db.pool, pools_again.get("individual").unwrap(), RefillOptions { force: true, ..Default::default() })
@@ -129,4 +148,51 @@ async fn a_different_master_key_is_refused_once_codes_exist() {
     let msg = Pools::reconcile(&db.pool, &[test_pool("individual", "1")], &other).await.unwrap_err().to_string();
     assert!(msg.contains("individual") && msg.contains("master key"), "{msg}");
     assert!(!msg.contains(&other.to_hex()), "the key itself is never printed");
+}
+
+#[tokio::test]
+async fn two_instances_starting_together_on_a_new_pool_with_different_keys_cannot_both_serve_it() {
+    let db = fresh_database().await;
+    let other_master = cifpool::keys::MasterKey::generate();
+    let mut other_key_id = vec![test_pool("individual", "1")];
+    other_key_id[0].key_id = "test-2".into();
+    // Started together: neither has generated a code yet.
+    let first = Pools::reconcile(&db.pool, &[test_pool("individual", "1")], &test_master_key()).await.unwrap();
+    let msg = Pools::reconcile(&db.pool, &[test_pool("individual", "1")], &other_master).await.unwrap_err().to_string();
+    assert!(msg.contains("individual") && msg.contains("key check") && msg.contains("master key"), "{msg}");
+    assert!(!msg.contains(&other_master.to_hex()), "the key itself is never printed");
+    let msg = Pools::reconcile(&db.pool, &other_key_id, &test_master_key()).await.unwrap_err().to_string();
+    assert!(msg.contains("key_id"), "{msg}");
+
+    // A row changed under a running instance: its refill refuses to advance the counter.
+    let pool = first.get("individual").unwrap();
+    sqlx::query("UPDATE cif_pools SET key_check = 'changed-elsewhere' WHERE name = 'individual'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let summary = refill(&db.pool, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
+    assert_eq!((summary.outcome, summary.codes_added), (RefillOutcome::Refused, 0));
+    let next: i64 = sqlx::query_scalar("SELECT next_counter FROM cif_pools").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(next, 0, "no counter was taken");
+}
+
+#[tokio::test]
+async fn a_pool_created_before_key_checks_gets_one_pinned_at_the_next_start() {
+    let db = fresh_database().await;
+    let pools = Pools::reconcile(&db.pool, &[test_pool("individual", "1")], &test_master_key()).await.unwrap();
+    refill(&db.pool, pools.get("individual").unwrap(), RefillOptions { force: true, ..Default::default() })
+        .await
+        .unwrap();
+    sqlx::query("UPDATE cif_pools SET key_check = NULL").execute(&db.pool).await.unwrap();
+    // Another key is still caught by the stored codes, and pins nothing.
+    let other = cifpool::keys::MasterKey::generate();
+    Pools::reconcile(&db.pool, &[test_pool("individual", "1")], &other).await.unwrap_err();
+    let stored: Option<String> =
+        sqlx::query_scalar("SELECT key_check FROM cif_pools").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(stored, None);
+    // The right key pins its check value.
+    let pools = Pools::reconcile(&db.pool, &[test_pool("individual", "1")], &test_master_key()).await.unwrap();
+    let stored: Option<String> =
+        sqlx::query_scalar("SELECT key_check FROM cif_pools").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(stored.as_deref(), Some(pools.get("individual").unwrap().key_check.as_str()));
 }

@@ -100,6 +100,8 @@ fn config_check_prints_effective_config_with_secrets_redacted() {
         .args(["config", "check"])
         .env("CIFPOOL_SECURITY__ADMIN_TOKEN", "super-secret-admin-token-123")
         .env("CIFPOOL_DATABASE__URL", "postgres://app:hunter2secret@db.internal:5432/cifpool?password=hunter2secret")
+        .env("CIFPOOL_QUEUE__PROVIDERS__SMS__ALLOW_NOOP", "true")
+        .env("CIFPOOL_QUEUE__PROVIDERS__PUSH__ALLOW_NOOP", "true")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -129,4 +131,39 @@ fn every_message_class_needs_a_worker() {
     assert!(msg.contains("promo") || msg.contains("transactional"), "{msg}");
     let f = toml_file("[queue]\nstrategy = \"priority\"\nworkers = 8\nreserved = 0\n");
     Settings::load_with_env(Some(f.path()), Vec::new()).unwrap();
+}
+
+#[test]
+fn serve_with_an_external_database_refuses_noop_providers_unless_allowed() {
+    let url = ("CIFPOOL_DATABASE__URL", "postgres://cifpool@db.internal/cifpool");
+    let s = Settings::load_with_env(None, env(&[url])).unwrap();
+    let refused = s.check_for_serve().expect_err("noop providers with a real database").to_string();
+    assert!(refused.contains("queue.providers.push.allow_noop"), "{refused}");
+    assert!(refused.contains("goes nowhere"), "{refused}");
+    // `config check` says so too, and fails.
+    let out = cifpool().args(["config", "check"]).env(url.0, url.1).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("queue.providers.push.allow_noop"));
+
+    let allowed = Settings::load_with_env(
+        None,
+        env(&[
+            url,
+            ("CIFPOOL_QUEUE__PROVIDERS__PUSH__ALLOW_NOOP", "true"),
+            ("CIFPOOL_QUEUE__PROVIDERS__SMS__KIND", "http"),
+            ("CIFPOOL_QUEUE__PROVIDERS__SMS__URL", "https://sms.internal"),
+        ]),
+    )
+    .unwrap();
+    allowed.check_for_serve().unwrap();
+    // The embedded database is local development: the no-op default is fine there.
+    Settings::load_with_env(None, Vec::new()).unwrap().check_for_serve().unwrap();
+}
+
+#[tokio::test]
+async fn serve_does_not_start_with_a_noop_provider_and_an_external_database() {
+    let mut s = Settings::load_with_env(None, Vec::new()).unwrap();
+    s.database.url = Some("postgres://cifpool@127.0.0.1:1/never-reached".to_string().into());
+    let e = cifpool::startup::Application::build(s).await.err().expect("refused before connecting");
+    assert!(format!("{e:#}").contains("allow_noop"), "{e:#}");
 }

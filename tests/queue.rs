@@ -130,6 +130,8 @@ async fn transient_failures_retry_through_the_queue_then_die_and_replay_revives(
         .unwrap();
     let replayed: Value = r.json().await.unwrap();
     assert_eq!(replayed["replayed"], 1, "{replayed}");
+    assert_eq!(e.status(id).await, "scheduled", "a replayed job waits for its slot of the pace");
+    assert_eq!(e.promote().await, 1);
     assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Sent(id));
     assert_eq!(e.count("SELECT count(*) FROM notification_results").await, 1);
 }
@@ -228,6 +230,40 @@ async fn a_small_tenant_is_not_starved_by_a_huge_batch() {
 }
 
 #[tokio::test]
+async fn a_new_tenant_is_anchored_at_the_due_front_not_at_a_retry_waiting_out_its_backoff() {
+    let e = env().await;
+    let group = e.group(Strategy::Priority, 0);
+    // Tenant a's first job fails and waits out a long backoff with the lowest key of the priority.
+    e.push.fake.set_behaviour(FakeBehaviour { error_rate: 1.0, ..Default::default() });
+    let first = e.enqueue("promo", "a", 1).await[0];
+    assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Retrying(first));
+    sqlx::query("UPDATE notification_jobs SET run_after = now() + interval '30 minutes' WHERE id = $1")
+        .bind(first)
+        .execute(&e.db.pool)
+        .await
+        .unwrap();
+    e.push.fake.set_behaviour(FakeBehaviour::default());
+    // Tenant a's backlog: 40 more; 20 are sent, so the due front has moved on by 20 turns.
+    e.batch("promo", "a", 40).await;
+    for _ in 0..20 {
+        assert!(matches!(group.try_execute_next().await.unwrap(), Outcome::Sent(_)));
+    }
+    // Tenant b arrives with 20: they take turns with a's remaining 20, not all 20 ahead of them.
+    e.batch("promo", "b", 20).await;
+    let mut next_b = 0;
+    for _ in 0..20 {
+        let Outcome::Sent(id) = group.try_execute_next().await.unwrap() else { panic!("nothing sent") };
+        let tenant: String = sqlx::query_scalar("SELECT tenant FROM notification_jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(&e.db.pool)
+            .await
+            .unwrap();
+        next_b += usize::from(tenant == "b");
+    }
+    assert!((8..=12).contains(&next_b), "of the next 20 sends, {next_b} were tenant b's");
+}
+
+#[tokio::test]
 async fn tenant_weights_give_a_heavier_tenant_more_turns() {
     let e = env_with(|s| {
         s.queue.tenant_weights.insert("gold".into(), 3.0);
@@ -321,6 +357,7 @@ async fn defer_mode_accepts_overload_but_schedules_it_later() {
             .await
             .unwrap();
     assert!(later, "deferred by the predicted wait beyond the target");
+    assert_eq!(e.status(id).await, "scheduled", "out of the claim order until it is due");
     assert_eq!(intake::admit(&e.app.state.queue, &e.app.state.queue_stats, "otp"), intake::Admission::Accept);
 }
 

@@ -73,12 +73,15 @@ async fn a_scheduled_job_is_not_claimed_before_run_at_and_is_sent_after() {
     let group = e.group(Strategy::Priority, 0);
     assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Idle, "claimed before run_at");
     assert_eq!(e.sms.fake.report().calls, 0);
+    assert_eq!(e.promote().await, 0, "not due yet");
     // The hour passes.
     sqlx::query("UPDATE notification_jobs SET run_after = now() WHERE id = $1")
         .bind(id)
         .execute(&e.db.pool)
         .await
         .unwrap();
+    assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Idle, "due, but not staged yet");
+    assert_eq!(e.promote().await, 1);
     assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Sent(id));
     assert_eq!(e.sms.fake.deliveries_of(&id.to_string()), 1);
     let view: Value =
@@ -440,8 +443,8 @@ async fn the_queue_view_matches_the_table() {
     for class in classes {
         let name = class["class"].as_str().unwrap();
         let table: (i64, i64, i64, i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE status = 'pending' AND run_after <= now()), \
-                    count(*) FILTER (WHERE status = 'pending' AND run_after > now()), \
+            "SELECT count(*) FILTER (WHERE status = 'pending'), \
+                    count(*) FILTER (WHERE status = 'scheduled'), \
                     count(*) FILTER (WHERE status = 'sending'), \
                     count(*) FILTER (WHERE status = 'failed-retrying'), \
                     count(*) FILTER (WHERE status = 'dead') FROM notification_jobs WHERE class = $1",

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use sqlx::PgPool;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::audit::Actor;
@@ -20,6 +21,7 @@ pub async fn reserve(
     holder: Option<&str>,
     idempotency_key: Option<&str>,
     actor: &Actor,
+    upkeep: &TaskTracker,
 ) -> Result<Reserved, sqlx::Error> {
     let started = Instant::now();
     let outcome = store::reserve(db, pool, holder, idempotency_key, actor).await?;
@@ -29,11 +31,11 @@ pub async fn reserve(
     match &outcome {
         Reserved::Created(_) => {
             metrics::counter!("cifpool_reservations_total", "pool" => name).increment(1);
-            upkeep::after_claim(db, pool);
+            upkeep::after_claim(db, pool, upkeep);
         }
         Reserved::Empty => {
             metrics::counter!("cifpool_pool_empty_total", "pool" => name).increment(1);
-            upkeep::on_empty(db, pool);
+            upkeep::on_empty(db, pool, upkeep);
         }
         Reserved::Replayed(_) | Reserved::KeyReused { .. } => {}
     }

@@ -13,15 +13,17 @@ use crate::keys::MasterKey;
 /// Why the configured pools cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    /// A pinned field differs from what the pool issued its codes with.
+    /// A pinned field differs from what the pool was created with.
     #[error(
-        "pool {pool:?}: {field} is pinned to {stored} because the pool has generated codes, but the configuration says \
-         {configured}; keep it, or create a new pool (with a new name) for the new format or key"
+        "pool {pool:?}: {field} is pinned to {stored} since the pool was created, but this instance has \
+         {configured}; keep it, or create a new pool (with a new name) for the new format or key. (A pool \
+         that has never generated a code, next_counter = 0, may be dropped with DELETE FROM cif_pools WHERE \
+         name = '{pool}' AND next_counter = 0 once no instance runs the old setting.)"
     )]
     Pinned {
         /// Pool name.
         pool: String,
-        /// `prefix`, `digits`, `check` or `key_id`.
+        /// `prefix`, `digits`, `check`, `key_id` or `key` (the key check value: another master key).
         field: &'static str,
         /// Value in the database.
         stored: String,
@@ -66,10 +68,18 @@ pub struct Pool {
     pub settings: PoolSettings,
     /// Encodes counters to codes and back.
     pub codec: PoolCodec,
+    /// The key check value of this instance's pool key (see [`crate::keys::PoolKey::check_value`]),
+    /// pinned in `cif_pools.key_check`; refill advances the counter only while the row still holds it.
+    pub key_check: String,
     /// Whether the last depth check found the pool under its watermark (for crossing warnings).
     pub(crate) low: AtomicBool,
     /// Unix millis of the last post-claim depth check (rate limit).
     pub(crate) last_depth_check_ms: AtomicI64,
+    /// Unix millis of the last refill started because a claim found the pool empty (rate limit).
+    pub(crate) last_empty_refill_ms: AtomicI64,
+    /// Whether this instance has a refill of the pool queued or running (one at a time is enough: a
+    /// second would only learn from the advisory lock that the first is busy).
+    pub(crate) refilling: AtomicBool,
 }
 
 impl Pool {
@@ -100,6 +110,7 @@ struct PoolRow {
     digits: i16,
     check_scheme: String,
     key_id: String,
+    key_check: Option<String>,
 }
 
 impl Pools {
@@ -111,29 +122,34 @@ impl Pools {
     ) -> Result<Pools, ReconcileError> {
         let mut pools = Pools::default();
         for settings in configured {
-            // Create the pool, or adopt the configured format while nothing has been generated yet
-            // (the configuration may still change its mind); after that the stored row is pinned.
-            let upserted: Option<PoolRow> = sqlx::query_as(
-                "INSERT INTO cif_pools AS p (name, prefix, digits, check_scheme, key_id) VALUES ($1, $2, $3, $4, $5) \
-                 ON CONFLICT (name) DO UPDATE \
-                    SET prefix = EXCLUDED.prefix, digits = EXCLUDED.digits, check_scheme = EXCLUDED.check_scheme, \
-                        key_id = EXCLUDED.key_id, updated_at = now() \
-                    WHERE p.next_counter = 0 \
-                 RETURNING *",
+            let format = settings.format().map_err(|e| ReconcileError::Format(settings.name.clone(), e.to_string()))?;
+            let key = master.derive_pool_key(&settings.name, &settings.key_id);
+            let key_check = key.check_value();
+            let codec = PoolCodec::new(format, &key)
+                .map_err(|e| ReconcileError::Format(settings.name.clone(), e.to_string()))?;
+            // The first instance to start creates the pool, and its format and key check are pinned from
+            // that moment: two instances starting together with different settings cannot both win.
+            let created: Option<PoolRow> = sqlx::query_as(
+                "INSERT INTO cif_pools (name, prefix, digits, check_scheme, key_id, key_check) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (name) DO NOTHING \
+                 RETURNING id, name, prefix, digits, check_scheme, key_id, key_check",
             )
             .bind(&settings.name)
             .bind(&settings.prefix)
             .bind(settings.digits as i16)
             .bind(settings.check.name())
             .bind(&settings.key_id)
+            .bind(&key_check)
             .fetch_optional(db)
             .await?;
-            // No row back: the pool exists and has generated codes, so its stored format is pinned.
-            let row = match upserted {
+            let mut row = match created {
                 Some(row) => row,
-                None => {
-                    sqlx::query_as("SELECT * FROM cif_pools WHERE name = $1").bind(&settings.name).fetch_one(db).await?
-                }
+                None => sqlx::query_as(
+                    "SELECT id, name, prefix, digits, check_scheme, key_id, key_check FROM cif_pools WHERE name = $1",
+                )
+                .bind(&settings.name)
+                .fetch_one(db)
+                .await?,
             };
             let differences = [
                 ("prefix", row.prefix.clone(), settings.prefix.clone()),
@@ -144,10 +160,6 @@ impl Pools {
             if let Some((field, stored, configured)) = differences.into_iter().find(|(_, s, c)| s != c) {
                 return Err(ReconcileError::Pinned { pool: settings.name.clone(), field, stored, configured });
             }
-            let format = settings.format().map_err(|e| ReconcileError::Format(settings.name.clone(), e.to_string()))?;
-            let key = master.derive_pool_key(&settings.name, &settings.key_id);
-            let codec = PoolCodec::new(format, &key)
-                .map_err(|e| ReconcileError::Format(settings.name.clone(), e.to_string()))?;
             // A stored code is a key check value that costs nothing to keep: a different master key
             // would silently produce different codes and mis-decode existing ones, so refuse to start.
             let sample: Option<(i64, String)> = sqlx::query_as(
@@ -163,12 +175,38 @@ impl Pools {
                     return Err(ReconcileError::WrongKey(settings.name.clone(), counter, stored, derived));
                 }
             }
+            if row.key_check.is_none() {
+                // A pool created before key checks were stored: pin this instance's, now that its codes
+                // (if any) proved the key; of several instances doing this at once, the first one wins.
+                row = sqlx::query_as(
+                    "UPDATE cif_pools SET key_check = coalesce(key_check, $2), updated_at = now() WHERE id = $1 \
+                     RETURNING id, name, prefix, digits, check_scheme, key_id, key_check",
+                )
+                .bind(row.id)
+                .bind(&key_check)
+                .fetch_one(db)
+                .await?;
+            }
+            if row.key_check.as_deref() != Some(key_check.as_str()) {
+                return Err(ReconcileError::Pinned {
+                    pool: settings.name.clone(),
+                    field: "key",
+                    stored: format!("key check {}", row.key_check.unwrap_or_default()),
+                    configured: format!(
+                        "key check {key_check} (another master key: is CIFPOOL_MASTER_KEY / \
+                         security.master_key_file the key this pool was created with?)"
+                    ),
+                });
+            }
             let pool = Arc::new(Pool {
                 id: row.id,
                 settings: settings.clone(),
                 codec,
+                key_check,
                 low: AtomicBool::new(false),
                 last_depth_check_ms: AtomicI64::new(0),
+                last_empty_refill_ms: AtomicI64::new(0),
+                refilling: AtomicBool::new(false),
             });
             pools.by_name.insert(settings.name.clone(), pool.clone());
             pools.list.push(pool);
@@ -178,11 +216,13 @@ impl Pools {
     }
 
     async fn check_retired_overlaps(&self, db: &PgPool) -> Result<(), ReconcileError> {
-        let retired: Vec<PoolRow> =
-            sqlx::query_as("SELECT * FROM cif_pools WHERE next_counter > 0 AND NOT (name = ANY($1))")
-                .bind(self.list.iter().map(|p| p.settings.name.clone()).collect::<Vec<_>>())
-                .fetch_all(db)
-                .await?;
+        let retired: Vec<PoolRow> = sqlx::query_as(
+            "SELECT id, name, prefix, digits, check_scheme, key_id, key_check FROM cif_pools \
+                 WHERE next_counter > 0 AND NOT (name = ANY($1))",
+        )
+        .bind(self.list.iter().map(|p| p.settings.name.clone()).collect::<Vec<_>>())
+        .fetch_all(db)
+        .await?;
         for old in retired {
             let Ok(check) = old.check_scheme.parse() else { continue };
             let Ok(old_format) = CodeFormat::new(old.prefix.clone(), old.digits as u32, check) else { continue };

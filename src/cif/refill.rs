@@ -1,7 +1,8 @@
 //! Refill: keep each pool above its low watermark, in bounded batches.
 //!
 //! A run takes a session advisory lock for the pool (one refill per pool across all instances; a
-//! second caller returns `busy` at once instead of queueing), measures the deficit below the
+//! second caller returns `busy` at once instead of queueing; a run cut short closes its connection, so
+//! the lock never stays behind on a pooled one), measures the deficit below the
 //! watermark and adds `ceil(deficit / batch_size)` batches, at most `max_batches_per_run`. Each batch
 //! is one transaction: advance `cif_pools.next_counter` (row lock, so even without the advisory
 //! lock two refills could never take the same counters), compute the codes in the service (the key
@@ -12,7 +13,8 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use serde::Serialize;
-use sqlx::{Acquire, PgConnection, PgPool};
+use sqlx::pool::PoolConnection;
+use sqlx::{Acquire, PgConnection, PgPool, Postgres};
 
 use crate::audit::{self, Actor, Event};
 use crate::cif::Pool;
@@ -32,6 +34,9 @@ pub enum RefillOutcome {
     Busy,
     /// The pool's domain is used up (every counter generated).
     Exhausted,
+    /// The pool's row no longer holds the format and key check this instance generates with (someone
+    /// changed it under a running instance): generating here could repeat codes, so nothing was added.
+    Refused,
 }
 
 impl RefillOutcome {
@@ -42,6 +47,7 @@ impl RefillOutcome {
             RefillOutcome::AboveWatermark => "above_watermark",
             RefillOutcome::Busy => "busy",
             RefillOutcome::Exhausted => "exhausted",
+            RefillOutcome::Refused => "refused",
         }
     }
 }
@@ -78,13 +84,53 @@ impl Default for RefillOptions {
     }
 }
 
+/// The pool's session advisory lock, with the connection holding it. Unless [`RefillLock::release`]
+/// completes, dropping it (an error, or the run's future dropped by a request timeout or a client that
+/// went away) closes that connection instead of returning it to the pool: the server frees a session
+/// lock with its session, so the lock can never outlive the run on a pooled connection.
+struct RefillLock {
+    conn: Option<PoolConnection<Postgres>>,
+    key: i64,
+}
+
+impl RefillLock {
+    /// Takes the lock of `pool` if no other session holds it.
+    async fn try_take(db: &PgPool, pool: &Pool) -> Result<Option<RefillLock>, sqlx::Error> {
+        let key = (REFILL_LOCK_CLASS << 32) | i64::from(pool.id);
+        let mut lock = RefillLock { conn: Some(db.acquire().await?), key };
+        let locked: bool =
+            sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(key).fetch_one(lock.conn()).await?;
+        if !locked {
+            // Nothing held: the connection may go back to the pool.
+            lock.conn.take();
+        }
+        Ok(locked.then_some(lock))
+    }
+
+    fn conn(&mut self) -> &mut PgConnection {
+        self.conn.as_mut().expect("a held lock has its connection")
+    }
+
+    /// Unlocks and returns the connection to the pool.
+    async fn release(mut self) -> Result<(), sqlx::Error> {
+        let key = self.key;
+        sqlx::query("SELECT pg_advisory_unlock($1)").bind(key).execute(self.conn()).await?;
+        self.conn.take();
+        Ok(())
+    }
+}
+
+impl Drop for RefillLock {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            drop(conn.detach());
+        }
+    }
+}
+
 /// Runs one refill of `pool`.
 pub async fn refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result<RefillSummary, sqlx::Error> {
     let started = Instant::now();
-    let mut conn = db.acquire().await?;
-    let lock_key = (REFILL_LOCK_CLASS << 32) | i64::from(pool.id);
-    let locked: bool =
-        sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(lock_key).fetch_one(&mut *conn).await?;
     let mut summary = RefillSummary {
         pool: pool.name().to_string(),
         outcome: RefillOutcome::Busy,
@@ -93,17 +139,9 @@ pub async fn refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result<Ref
         available_before: 0,
         duration_ms: 0.0,
     };
-    if locked {
-        match run_locked(&mut conn, pool, opts, &mut summary).await {
-            Ok(()) => {
-                sqlx::query("SELECT pg_advisory_unlock($1)").bind(lock_key).execute(&mut *conn).await?;
-            }
-            Err(e) => {
-                // The session lock must not survive in the pool: drop the connection instead.
-                drop(conn.detach());
-                return Err(e);
-            }
-        }
+    if let Some(mut lock) = RefillLock::try_take(db, pool).await? {
+        run_locked(lock.conn(), pool, opts, &mut summary).await?;
+        lock.release().await?;
     }
     summary.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
     if summary.codes_added > 0 {
@@ -151,18 +189,42 @@ async fn run_locked(
     let mut text = String::new();
     for _ in 0..batches {
         let mut tx = conn.begin().await?;
-        // Take the next counters (row-locked); near the end of the domain, what is left.
-        let range: Option<(i64, i64)> = sqlx::query_as(
-            "WITH old AS (SELECT next_counter FROM cif_pools WHERE id = $1 FOR UPDATE) \
-             UPDATE cif_pools AS p SET next_counter = LEAST(old.next_counter + $2, $3), updated_at = now() \
-             FROM old WHERE p.id = $1 AND old.next_counter < $3 \
-             RETURNING old.next_counter, p.next_counter",
-        )
-        .bind(pool.id)
-        .bind(batch as i64)
-        .bind(domain)
-        .fetch_optional(&mut *tx)
-        .await?;
+        // Take the next counters (row-locked); near the end of the domain, what is left. Only while the
+        // row still holds this instance's format and key check: counters advanced under another
+        // permutation would not be what the rest of the deployment decodes.
+        let (pinned, range): (bool, Option<(i64, i64)>) = {
+            let (pinned, start, end): (bool, Option<i64>, Option<i64>) = sqlx::query_as(
+                "WITH old AS ( \
+                    SELECT next_counter, (prefix, digits, check_scheme, key_id, key_check) \
+                           IS NOT DISTINCT FROM ($4::text, $5::int2, $6::text, $7::text, $8::text) AS pinned \
+                    FROM cif_pools WHERE id = $1 FOR UPDATE), \
+                 advanced AS ( \
+                    UPDATE cif_pools AS p SET next_counter = LEAST(old.next_counter + $2, $3), updated_at = now() \
+                    FROM old WHERE p.id = $1 AND old.pinned AND old.next_counter < $3 \
+                    RETURNING old.next_counter AS start, p.next_counter AS end_counter) \
+                 SELECT old.pinned, advanced.start, advanced.end_counter FROM old LEFT JOIN advanced ON true",
+            )
+            .bind(pool.id)
+            .bind(batch as i64)
+            .bind(domain)
+            .bind(&s.prefix)
+            .bind(s.digits as i16)
+            .bind(s.check.name())
+            .bind(&s.key_id)
+            .bind(&pool.key_check)
+            .fetch_one(&mut *tx)
+            .await?;
+            (pinned, start.zip(end))
+        };
+        if !pinned {
+            summary.outcome = RefillOutcome::Refused;
+            tracing::error!(
+                pool = pool.name(),
+                "refill refused: the pool's stored format or key check is not this instance's; restart the \
+                 instance to see which setting differs"
+            );
+            break;
+        }
         let Some((start, end)) = range else {
             if summary.codes_added == 0 {
                 summary.outcome = RefillOutcome::Exhausted;

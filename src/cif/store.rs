@@ -249,8 +249,11 @@ fn reservation(pool: &Pool, row: &sqlx::postgres::PgRow) -> Reservation {
 pub enum Confirmed {
     /// The code is now used.
     Now(DateTime<Utc>),
-    /// It already was, by this same token (a retried confirm).
+    /// It already was, by this same token and for the same `customer_ref` (a retried confirm).
     Already(DateTime<Utc>),
+    /// It already was, by this same token but for another `customer_ref`: one number must not be
+    /// handed to two customers, so this is refused, not taken for a retry.
+    OtherCustomer,
     /// The token does not hold the code (never did, or its lease was reclaimed).
     LeaseLost,
 }
@@ -288,15 +291,19 @@ pub async fn confirm(
     if let Some(at) = done {
         return Ok(Confirmed::Now(at));
     }
-    let earlier: Option<DateTime<Utc>> = sqlx::query_scalar(
-        "SELECT confirmed_at FROM cif_issued WHERE pool_id = $1 AND counter = $2 AND lease_token = $3",
+    let earlier: Option<(DateTime<Utc>, Option<String>)> = sqlx::query_as(
+        "SELECT confirmed_at, customer_ref FROM cif_issued WHERE pool_id = $1 AND counter = $2 AND lease_token = $3",
     )
     .bind(pool.id)
     .bind(counter)
     .bind(token)
     .fetch_optional(db)
     .await?;
-    Ok(earlier.map_or(Confirmed::LeaseLost, Confirmed::Already))
+    Ok(match earlier {
+        None => Confirmed::LeaseLost,
+        Some((at, stored)) if stored.as_deref() == customer_ref => Confirmed::Already(at),
+        Some(_) => Confirmed::OtherCustomer,
+    })
 }
 
 /// Returns a held code to the pool, fenced by `token`.

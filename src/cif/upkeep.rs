@@ -3,18 +3,23 @@
 //! once a second per pool and instance).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio_cron_scheduler::JobScheduler;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::cif::refill::{self, RefillOptions, RefillSummary};
 use crate::cif::{Pool, Pools, reclaim, stats};
 
 /// Minimum spacing of post-claim depth checks per pool and instance.
 const DEPTH_CHECK_INTERVAL_MS: i64 = 1000;
+/// Minimum spacing of refills started by claims that found the pool empty, per pool and instance: an
+/// empty pool answers every reservation 503, and each must not start a refill (and take a connection)
+/// of its own.
+const EMPTY_REFILL_INTERVAL_MS: i64 = 200;
 /// How often the pool gauges are refreshed.
 pub const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -33,32 +38,53 @@ pub async fn run_refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result
     Ok(summary)
 }
 
-fn spawn_refill(db: &PgPool, pool: &Arc<Pool>) {
-    let (db, pool) = (db.clone(), pool.clone());
-    tokio::spawn(async move {
-        if let Err(e) = run_refill(&db, &pool, RefillOptions::default()).await {
+/// Whether `interval_ms` has passed since `last` (unix millis), claiming the turn if so: of many
+/// callers at once, one gets it.
+fn take_turn(last: &AtomicI64, interval_ms: i64) -> bool {
+    let now = chrono::Utc::now().timestamp_millis();
+    let then = last.load(Ordering::Relaxed);
+    now - then >= interval_ms && last.compare_exchange(then, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+}
+
+/// Clears [`Pool::refilling`] when the refill task ends, however it ends.
+struct RefillingFlag(Arc<Pool>);
+
+impl Drop for RefillingFlag {
+    fn drop(&mut self) {
+        self.0.refilling.store(false, Ordering::Release);
+    }
+}
+
+/// Starts a refill of `pool` unless this instance already has one queued or running.
+fn spawn_refill(db: &PgPool, pool: &Arc<Pool>, runs: &TaskTracker) {
+    if pool.refilling.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let (db, flag) = (db.clone(), RefillingFlag(pool.clone()));
+    runs.spawn(async move {
+        let pool = &flag.0;
+        if let Err(e) = run_refill(&db, pool, RefillOptions::default()).await {
             tracing::warn!(pool = pool.name(), error = %e, "refill failed");
         }
     });
 }
 
-/// A claim found the pool empty: refill now (the advisory lock collapses concurrent triggers).
-pub fn on_empty(db: &PgPool, pool: &Arc<Pool>) {
+/// A claim found the pool empty: refill now, unless this instance started one in the last
+/// [`EMPTY_REFILL_INTERVAL_MS`] or has one running (across instances the advisory lock collapses them).
+pub fn on_empty(db: &PgPool, pool: &Arc<Pool>, runs: &TaskTracker) {
     stats::note_depth(pool, 0);
-    spawn_refill(db, pool);
+    if take_turn(&pool.last_empty_refill_ms, EMPTY_REFILL_INTERVAL_MS) {
+        spawn_refill(db, pool, runs);
+    }
 }
 
 /// After a successful claim: at most once a second per pool, check the depth and refill if low.
-pub fn after_claim(db: &PgPool, pool: &Arc<Pool>) {
-    let now = chrono::Utc::now().timestamp_millis();
-    let last = pool.last_depth_check_ms.load(Ordering::Relaxed);
-    if now - last < DEPTH_CHECK_INTERVAL_MS
-        || pool.last_depth_check_ms.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
-    {
+pub fn after_claim(db: &PgPool, pool: &Arc<Pool>, runs: &TaskTracker) {
+    if !take_turn(&pool.last_depth_check_ms, DEPTH_CHECK_INTERVAL_MS) {
         return;
     }
-    let (db, pool) = (db.clone(), pool.clone());
-    tokio::spawn(async move {
+    let (db, pool, tracker) = (db.clone(), pool.clone(), runs.clone());
+    runs.spawn(async move {
         let Ok(mut conn) = db.acquire().await else { return };
         let Ok(available) = refill::available_up_to(&mut conn, pool.id, pool.settings.low_watermark).await else {
             return;
@@ -66,16 +92,21 @@ pub fn after_claim(db: &PgPool, pool: &Arc<Pool>) {
         drop(conn);
         stats::note_depth(&pool, available);
         if available < pool.settings.low_watermark {
-            spawn_refill(&db, &pool);
+            spawn_refill(&db, &pool, &tracker);
         }
     });
 }
 
-/// Registers each pool's refill and reclaim schedules.
-pub async fn schedule(scheduler: &JobScheduler, db: &PgPool, pools: &Arc<Pools>) -> anyhow::Result<()> {
+/// Registers each pool's refill and reclaim schedules, their runs tracked by `runs`.
+pub async fn schedule(
+    scheduler: &JobScheduler,
+    db: &PgPool,
+    pools: &Arc<Pools>,
+    runs: &TaskTracker,
+) -> anyhow::Result<()> {
     for pool in pools.iter() {
         let (db_, p) = (db.clone(), pool.clone());
-        crate::schedule::add(scheduler, &pool.settings.refill_schedule, move || {
+        crate::schedule::add(scheduler, &pool.settings.refill_schedule, runs, move || {
             let (db, p) = (db_.clone(), p.clone());
             async move {
                 if let Err(e) = run_refill(&db, &p, RefillOptions::default()).await {
@@ -85,7 +116,7 @@ pub async fn schedule(scheduler: &JobScheduler, db: &PgPool, pools: &Arc<Pools>)
         })
         .await?;
         let (db_, pools, id) = (db.clone(), pools.clone(), pool.id);
-        crate::schedule::add(scheduler, &pool.settings.reclaim_schedule, move || {
+        crate::schedule::add(scheduler, &pool.settings.reclaim_schedule, runs, move || {
             let (db, pools) = (db_.clone(), pools.clone());
             async move {
                 if let Err(e) = reclaim::reclaim(&db, &pools, Some(id), &crate::audit::Actor::system()).await {

@@ -28,7 +28,7 @@ pub const ENV_PREFIX: &str = "CIFPOOL";
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// A layer could not be read or parsed, or a value has the wrong type.
-    #[error("{0}")]
+    #[error("{}", dotted_paths(&.0.to_string()))]
     Load(#[from] config::ConfigError),
     /// A value parsed but breaks a rule.
     #[error("invalid configuration: {key}: {message}")]
@@ -38,6 +38,20 @@ pub enum ConfigError {
         /// What is wrong with it.
         message: String,
     },
+}
+
+/// The loader writes a key inside a list as `pools[0]low_watermark`; the rest of the service (and the
+/// operator reading the error) spells it `pools[0].low_watermark`.
+fn dotted_paths(message: &str) -> String {
+    let mut out = String::with_capacity(message.len() + 4);
+    let mut chars = message.chars().peekable();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c == ']' && chars.peek().is_some_and(|n| n.is_ascii_alphabetic() || *n == '_') {
+            out.push('.');
+        }
+    }
+    out
 }
 
 /// The whole effective configuration.
@@ -205,6 +219,16 @@ impl Settings {
         let settings: Settings = builder.build()?.try_deserialize()?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// What `serve` needs beyond a valid configuration: with an external database (production), every
+    /// provider must deliver (no `noop` provider unless it says `allow_noop = true`). The embedded
+    /// database is local development, where the no-op default is the point.
+    pub fn check_for_serve(&self) -> Result<(), ConfigError> {
+        if self.database.url.is_none() {
+            return Ok(());
+        }
+        self.queue.noop_refused()
     }
 
     /// Rules serde cannot express.

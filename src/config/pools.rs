@@ -14,7 +14,7 @@ use crate::code::format::CodeFormat;
 pub struct PoolSettings {
     /// Customer type served by this pool (`customer_type` in the API), e.g. `individual`.
     pub name: String,
-    /// 0–6 leading digits. Pinned once the pool has issued codes.
+    /// 0–6 leading digits. Pinned when the pool is created.
     #[serde(default)]
     pub prefix: String,
     /// Scrambled digits per code (6–18). Pinned.
@@ -24,19 +24,49 @@ pub struct PoolSettings {
     pub check: CheckScheme,
     /// Label mixed into the pool's key derivation; a pool is re-keyed only by creating a new pool. Pinned.
     pub key_id: String,
-    /// Refill when fewer codes than this are available.
+    /// Refill when fewer codes than this are available (default 5,000).
+    #[serde(default = "defaults::low_watermark")]
     pub low_watermark: u64,
-    /// Codes generated per refill transaction.
+    /// Codes generated per refill transaction (default 2,000).
+    #[serde(default = "defaults::batch_size")]
     pub batch_size: u32,
-    /// Upper bound of batches per refill run, so an empty pool does not get one giant insert.
+    /// Upper bound of batches per refill run, so an empty pool does not get one giant insert (default 5).
+    #[serde(default = "defaults::max_batches_per_run")]
     pub max_batches_per_run: u32,
-    /// How long a reservation holds a code before reclaim may take it back.
-    #[serde(with = "humantime_serde")]
+    /// How long a reservation holds a code before reclaim may take it back (default 5 minutes).
+    #[serde(default = "defaults::lease_ttl", with = "humantime_serde")]
     pub lease_ttl: Duration,
-    /// Cron (with seconds) of the scheduled refill check.
+    /// Cron (with seconds) of the scheduled refill check (default every 15 s).
+    #[serde(default = "defaults::refill_schedule")]
     pub refill_schedule: String,
-    /// Cron (with seconds) of the scheduled reclaim of expired holds.
+    /// Cron (with seconds) of the scheduled reclaim of expired holds (default every 30 s).
+    #[serde(default = "defaults::reclaim_schedule")]
     pub reclaim_schedule: String,
+}
+
+/// The operational fields' defaults: a pool needs only its identity (`name`, `prefix`, `digits`,
+/// `check`, `key_id`); these suit a pool serving a few reservations a second and are tuned per pool.
+mod defaults {
+    use std::time::Duration;
+
+    pub fn low_watermark() -> u64 {
+        5_000
+    }
+    pub fn batch_size() -> u32 {
+        2_000
+    }
+    pub fn max_batches_per_run() -> u32 {
+        5
+    }
+    pub fn lease_ttl() -> Duration {
+        Duration::from_secs(300)
+    }
+    pub fn refill_schedule() -> String {
+        "*/15 * * * * *".into()
+    }
+    pub fn reclaim_schedule() -> String {
+        "*/30 * * * * *".into()
+    }
 }
 
 impl PoolSettings {

@@ -149,9 +149,29 @@ pub struct ProviderSettings {
     /// through `CIFPOOL_QUEUE__PROVIDERS__<NAME>__AUTHORIZATION`.
     #[serde(default, serialize_with = "redact")]
     pub authorization: Option<SecretString>,
+    /// Accept `kind = "noop"` with an external database. A no-op provider marks every message sent and
+    /// delivers nothing, so `serve` refuses it outside local development unless this says so.
+    #[serde(default)]
+    pub allow_noop: bool,
 }
 
 impl QueueSettings {
+    /// The first provider that would deliver nothing (`kind = "noop"` without `allow_noop`), as the
+    /// error `serve` gives with an external database.
+    pub(super) fn noop_refused(&self) -> Result<(), ConfigError> {
+        match self.providers.iter().find(|(_, p)| p.kind == ProviderKind::Noop && !p.allow_noop) {
+            None => Ok(()),
+            Some((name, _)) => Err(ConfigError::Invalid {
+                key: format!("queue.providers.{name}.allow_noop"),
+                message: format!(
+                    "provider {name:?} is kind = \"noop\": every message sent through it is marked sent and goes \
+                     nowhere. With an external database (database.url) that is refused: set kind = \"http\" and \
+                     its url, or allow_noop = true where losing every message is intended (a test environment)"
+                ),
+            }),
+        }
+    }
+
     /// `[queue]` rules: classes, providers, groups and limits that fit together.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let q = self;

@@ -99,21 +99,25 @@ async fn reserve(
     let idempotency_key = optional_header(&headers, "idempotency-key")?;
     let holder = optional_header(&headers, "x-holder")?;
     let pool = pool_for_type(&state, &body.customer_type)?;
-    let (status, reservation) = match issue::reserve(&state.db, pool, holder, idempotency_key, &auth.actor).await? {
-        Reserved::Created(r) => (StatusCode::CREATED, r),
-        Reserved::Replayed(r) => (StatusCode::OK, r),
-        Reserved::Empty => {
-            return Err(ApiError::Unavailable {
-                detail: format!("pool {:?} has no available code right now; a refill has been started", pool.name()),
-                retry_after_secs: Some(1),
-            });
-        }
-        Reserved::KeyReused { .. } => {
-            return Err(ApiError::Unprocessable(
-                "this Idempotency-Key was already used for a different customer_type".into(),
-            ));
-        }
-    };
+    let (status, reservation) =
+        match issue::reserve(&state.db, pool, holder, idempotency_key, &auth.actor, &state.upkeep).await? {
+            Reserved::Created(r) => (StatusCode::CREATED, r),
+            Reserved::Replayed(r) => (StatusCode::OK, r),
+            Reserved::Empty => {
+                return Err(ApiError::Unavailable {
+                    detail: format!(
+                        "pool {:?} has no available code right now; a refill has been started",
+                        pool.name()
+                    ),
+                    retry_after_secs: Some(1),
+                });
+            }
+            Reserved::KeyReused { .. } => {
+                return Err(ApiError::Unprocessable(
+                    "this Idempotency-Key was already used for a different customer_type".into(),
+                ));
+            }
+        };
     let location = HeaderValue::try_from(format!("/v1/cif/{}", reservation.cif)).ok();
     let mut response = (status, Json(reservation)).into_response();
     if let Some(location) = location {
@@ -156,6 +160,12 @@ async fn confirm(
     let at = match issue::confirm(&state.db, pool, counter, token, body.customer_ref.as_deref(), by).await? {
         Confirmed::Now(at) | Confirmed::Already(at) => at,
         Confirmed::LeaseLost => return Err(lost(&cif)),
+        Confirmed::OtherCustomer => {
+            return Err(ApiError::Conflict(format!(
+                "{cif} is already confirmed by this reservation for another customer_ref: a repeated confirm must \
+                 name the same customer (or none, if the first named none)"
+            )));
+        }
     };
     Ok(Json(StateChange {
         cif,

@@ -37,7 +37,7 @@ static CANCEL_ONE: LazyLock<String> = LazyLock::new(|| {
                 last_error = 'canceled by ' || $2 \
          WHERE id = $1 AND status IN ({waiting}) RETURNING id, tenant, class",
         canceled = JobStatus::Canceled.sql(),
-        waiting = JobStatus::sql_list(&JobStatus::WAITING)
+        waiting = JobStatus::sql_list(&JobStatus::CANCELABLE)
     );
     let columns = Columns {
         actor: "$2",
@@ -105,14 +105,14 @@ pub struct BatchView {
     pub created_by: String,
     /// Jobs it holds.
     pub jobs: i64,
-    /// Jobs per status (`scheduled` for pending jobs not due yet); only statuses with jobs appear.
+    /// Jobs per status; only statuses with jobs appear.
     pub by_status: BTreeMap<String, i64>,
 }
 
 /// Counts a batch's jobs by status (through the primary key, over the batch's id range).
 pub async fn batch_view(db: &PgPool, batch: &Batch) -> Result<BatchView, sqlx::Error> {
     let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT CASE WHEN status = 'pending' AND run_after > now() THEN 'scheduled' ELSE status END, count(*) \
+        "SELECT status, count(*) \
          FROM notification_jobs WHERE id BETWEEN $1 AND $2 AND batch_id = $3 GROUP BY 1",
     )
     .bind(batch.first_job_id)
@@ -132,7 +132,7 @@ pub async fn batch_view(db: &PgPool, batch: &Batch) -> Result<BatchView, sqlx::E
 static CANCEL_CHUNK_SQL: LazyLock<String> = LazyLock::new(|| {
     let cancel = JOBS.update_picked_sql(
         &Pick {
-            from: &JobStatus::sql_list(&JobStatus::WAITING),
+            from: &JobStatus::sql_list(&JobStatus::CANCELABLE),
             filter: "id BETWEEN $2 AND $3 AND batch_id = $4",
             order_by: Some("id"),
         },

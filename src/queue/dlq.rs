@@ -131,9 +131,9 @@ static REPLAY: LazyLock<String> = LazyLock::new(|| {
     let replay = JOBS.update_picked_sql(
         &Pick { from: &JobStatus::Dead.sql(), filter: FILTER, order_by: Some("id") },
         &format!(
-            "status = {pending}, finished_at = NULL, max_attempts = t.attempts + $5, \
+            "status = {scheduled}, finished_at = NULL, max_attempts = t.attempts + $5, \
              run_after = now() + picked.position / $6::float8 * interval '1 second'",
-            pending = JobStatus::Pending.sql()
+            scheduled = JobStatus::Scheduled.sql()
         ),
         "t.id",
     );
@@ -148,8 +148,8 @@ static REPLAY: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Puts matching dead jobs back in the queue, oldest first, due one every `1 / rate_per_sec`
-/// seconds, each allowed `extra_attempts` more attempts, with one `dlq.replayed` audit row by `actor`.
-/// Returns how many.
+/// seconds (as `scheduled` jobs: the stager makes each claimable when its time comes), each allowed
+/// `extra_attempts` more attempts, with one `dlq.replayed` audit row by `actor`. Returns how many.
 pub async fn replay(db: &PgPool, req: &Replay, actor: &Actor) -> Result<u64, sqlx::Error> {
     let replayed: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(REPLAY.as_str()))
         .bind(req.max)

@@ -19,10 +19,12 @@ fn weight(rt: &QueueRuntime, tenant: &str) -> f64 {
 }
 
 /// Reserves `count` fair keys for `tenant` at `priority`: the tenant's clock moves on by
-/// `count / weight`, starting no earlier than the oldest key still waiting at that priority (so a
-/// tenant returning after a pause does not jump the whole queue with stale credit). Returns the first
-/// key and the step.
-async fn reserve_fair_keys(
+/// `count / weight`, starting no earlier than the smallest key of the jobs that are due at that
+/// priority, the front of the queue (so a tenant returning after a pause does not jump the whole queue
+/// with stale credit). Jobs not due yet (a retry waiting out a long backoff) do not anchor it: a key
+/// from before their wait would hand a new tenant the turns of everyone queued since. Returns the
+/// first key and the step.
+pub(crate) async fn reserve_fair_keys(
     tx: &mut sqlx::PgConnection,
     priority: i16,
     tenant: &str,
@@ -32,13 +34,13 @@ async fn reserve_fair_keys(
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             "WITH vt AS (SELECT coalesce(min(fair_key), 0) AS v FROM notification_jobs \
-                         WHERE priority = $1 AND status IN ({waiting})) \
+                         WHERE priority = $1 AND status IN ({waiting}) AND run_after <= now()) \
              INSERT INTO notification_tenant_clock AS c (priority, tenant, last_key) \
              SELECT $1, $2, vt.v + $3 FROM vt \
              ON CONFLICT (priority, tenant) DO UPDATE \
                 SET last_key = greatest(c.last_key, (SELECT v FROM vt)) + $3 \
              RETURNING last_key",
-            waiting = JobStatus::sql_list(&JobStatus::WAITING)
+            waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE)
         )
     });
     let step = 1.0 / weight;
@@ -69,6 +71,17 @@ pub async fn existing(db: &PgPool, tenant: &str, key: &str) -> Result<Option<i64
         .await
 }
 
+/// Whether a job enqueued now is due at once; one due later goes in `scheduled`, with no fair key
+/// (the stager gives it one when it comes due).
+fn due_now(delay: Duration, run_at: Option<chrono::DateTime<chrono::Utc>>, now: chrono::DateTime<chrono::Utc>) -> bool {
+    delay.is_zero() && run_at.is_none_or(|t| t <= now)
+}
+
+/// The status column value of a job due at once or not.
+fn initial_status(due: bool) -> &'static str {
+    if due { JobStatus::Pending.as_str() } else { JobStatus::Scheduled.as_str() }
+}
+
 /// Inserts one job (validated by the caller), `delay` after now.
 pub async fn enqueue_one(
     db: &PgPool,
@@ -80,13 +93,19 @@ pub async fn enqueue_one(
     // No look-up first: callers that need one before admission do it ([`existing`]); a repeated key
     // loses the insert below and gets the existing job back.
     let mut tx = db.begin().await?;
-    let (fair_key, _) = reserve_fair_keys(&mut tx, class.priority, &job.tenant, 1, weight(rt, &job.tenant)).await?;
+    let due = due_now(delay, job.run_at, chrono::Utc::now());
+    let fair_key = if due {
+        reserve_fair_keys(&mut tx, class.priority, &job.tenant, 1, weight(rt, &job.tenant)).await?.0
+    } else {
+        0.0
+    };
     let id: Option<i64> = sqlx::query_scalar(
         "INSERT INTO notification_jobs \
-            (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, idempotency_key) \
+            (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, idempotency_key, \
+             status) \
          VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, \
                  greatest(now() + $8::float8 * interval '1 second', coalesce($11, now())), \
-                 clock_timestamp() + $9::float8 * interval '1 second', $10) \
+                 clock_timestamp() + $9::float8 * interval '1 second', $10, $12) \
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id",
     )
     .bind(&job.class)
@@ -100,6 +119,7 @@ pub async fn enqueue_one(
     .bind(class.deadline.map(|d| d.as_secs_f64()))
     .bind(&job.idempotency_key)
     .bind(job.run_at)
+    .bind(initial_status(due))
     .fetch_optional(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -151,9 +171,12 @@ pub async fn enqueue_batch(
     // Job ids come from a sequence (no cache): every id this insert takes lies above the value read now
     // and at or below the one read after it, whatever other inserts interleave.
     let before = last_job_id(&mut tx).await?;
-    // Fair keys: a contiguous run per (priority, tenant), in request order.
+    // The transaction's `now()`, which every row's `run_after` and `deadline` count from.
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+    let due: Vec<bool> = jobs.iter().map(|j| due_now(delay, j.run_at, now)).collect();
+    // Fair keys for the jobs due now: a contiguous run per (priority, tenant), in request order.
     let mut groups: BTreeMap<(i16, &str), Vec<usize>> = BTreeMap::new();
-    for (i, job) in jobs.iter().enumerate() {
+    for (i, job) in jobs.iter().enumerate().filter(|(i, _)| due[*i]) {
         groups.entry((rt.classes[&job.class].settings.priority, job.tenant.as_str())).or_default().push(i);
     }
     let mut keys = vec![0.0f64; jobs.len()];
@@ -163,10 +186,11 @@ pub async fn enqueue_batch(
             keys[i] = first + step * n as f64;
         }
     }
+    let rows = BatchRows { jobs, keys: &keys, due: &due, now, delay, batch_id };
     let inserted = if jobs.iter().all(|j| j.idempotency_key.is_none()) {
-        copy_unkeyed(&mut tx, rt, jobs, &keys, delay, batch_id).await?
+        copy_unkeyed(&mut tx, rt, rows).await?
     } else {
-        insert_keyed(&mut tx, rt, jobs, &keys, delay, batch_id).await?
+        insert_keyed(&mut tx, rt, rows).await?
     };
     let after = last_job_id(&mut tx).await?;
     sqlx::query("UPDATE notification_batches SET first_job_id = $2, last_job_id = $3, jobs = $4 WHERE id = $1")
@@ -188,15 +212,28 @@ async fn last_job_id(tx: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
     .await
 }
 
+/// A batch's rows as [`enqueue_batch`] prepared them, for the insert paths.
+#[derive(Clone, Copy)]
+struct BatchRows<'a> {
+    jobs: &'a [NewJob],
+    /// Each job's fair key (unused for a job not due now).
+    keys: &'a [f64],
+    /// Whether each job is due now (`pending`) or later (`scheduled`).
+    due: &'a [bool],
+    /// The transaction's `now()`.
+    now: chrono::DateTime<chrono::Utc>,
+    /// Intake's deferral of the whole batch.
+    delay: Duration,
+    batch_id: i64,
+}
+
 /// The keyed path of [`enqueue_batch`]: array binds, conflicts on the idempotency key skipped.
 async fn insert_keyed(
     tx: &mut sqlx::PgConnection,
     rt: &QueueRuntime,
-    jobs: &[NewJob],
-    keys: &[f64],
-    delay: Duration,
-    batch_id: i64,
+    rows: BatchRows<'_>,
 ) -> Result<BTreeMap<String, u64>, sqlx::Error> {
+    let BatchRows { jobs, keys, due, delay, batch_id, .. } = rows;
     let mut inserted: BTreeMap<String, u64> = BTreeMap::new();
     for (chunk_no, chunk) in jobs.chunks(CHUNK).enumerate() {
         let offset = chunk_no * CHUNK;
@@ -210,6 +247,7 @@ async fn insert_keyed(
         let mut deadline = Vec::with_capacity(chunk.len());
         let mut key = Vec::with_capacity(chunk.len());
         let mut run_at = Vec::with_capacity(chunk.len());
+        let mut status = Vec::with_capacity(chunk.len());
         for (i, job) in chunk.iter().enumerate() {
             let c = &rt.classes[&job.class].settings;
             class.push(job.class.as_str());
@@ -222,16 +260,18 @@ async fn insert_keyed(
             deadline.push(c.deadline.map(|d| d.as_secs_f64()));
             key.push(job.idempotency_key.as_deref());
             run_at.push(job.run_at);
+            status.push(initial_status(due[offset + i]));
         }
         let counts: Vec<(String, i64)> = sqlx::query_as(
             "WITH ins AS (INSERT INTO notification_jobs \
                 (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, \
-                 idempotency_key, batch_id) \
+                 idempotency_key, batch_id, status) \
              SELECT c, p, t, f, r, pl::jsonb, a, \
                     greatest(now() + $10::float8 * interval '1 second', coalesce(ra, now())), \
-                    clock_timestamp() + d * interval '1 second', k, $12 \
+                    clock_timestamp() + d * interval '1 second', k, $12, s \
              FROM unnest($1::text[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::text[], $7::int4[], \
-                         $8::float8[], $9::text[], $11::timestamptz[]) AS u(c, p, t, f, r, pl, a, d, k, ra) \
+                         $8::float8[], $9::text[], $11::timestamptz[], $13::text[]) \
+                  AS u(c, p, t, f, r, pl, a, d, k, ra, s) \
              ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING class) \
              SELECT class, count(*) FROM ins GROUP BY class",
         )
@@ -247,6 +287,7 @@ async fn insert_keyed(
         .bind(delay.as_secs_f64())
         .bind(&run_at)
         .bind(batch_id)
+        .bind(&status)
         .fetch_all(&mut *tx)
         .await?;
         for (class, n) in counts {
@@ -265,13 +306,10 @@ const COPY_CHUNK: usize = 4 << 20;
 async fn copy_unkeyed(
     tx: &mut sqlx::PgConnection,
     rt: &QueueRuntime,
-    jobs: &[NewJob],
-    keys: &[f64],
-    delay: Duration,
-    batch_id: i64,
+    rows: BatchRows<'_>,
 ) -> Result<BTreeMap<String, u64>, sqlx::Error> {
     use std::fmt::Write as _;
-    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+    let BatchRows { jobs, keys, due, now, delay, batch_id } = rows;
     let at = |after: Duration| {
         let t = now + chrono::Duration::from_std(after).unwrap_or(chrono::Duration::MAX);
         t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
@@ -281,11 +319,11 @@ async fn copy_unkeyed(
     let mut copy = tx
         .copy_in_raw(
             "COPY notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts, \
-             run_after, deadline, batch_id) FROM STDIN",
+             run_after, deadline, batch_id, status) FROM STDIN",
         )
         .await?;
     let mut text = String::with_capacity(COPY_CHUNK + 4096);
-    for (job, key) in jobs.iter().zip(keys) {
+    for ((job, key), due) in jobs.iter().zip(keys).zip(due) {
         let class = &rt.classes[&job.class].settings;
         let deadline = class.deadline.map_or_else(|| "\\N".to_string(), at);
         // A scheduled job is due at its `run_at` unless intake deferred the batch past it.
@@ -294,7 +332,7 @@ async fn copy_unkeyed(
         let _ = write!(text, "{}\t{}\t", copy_escape(&job.class), class.priority);
         let _ = write!(text, "{}\t{key}\t{}\t", copy_escape(&job.tenant), copy_escape(&job.recipient));
         let _ = write!(text, "{}\t{}\t", copy_escape(job.payload.get()), class.max_attempts);
-        let _ = writeln!(text, "{run_after}\t{deadline}\t{batch_id}");
+        let _ = writeln!(text, "{run_after}\t{deadline}\t{batch_id}\t{}", initial_status(*due));
         *inserted.entry(job.class.as_str()).or_default() += 1;
         if text.len() >= COPY_CHUNK {
             copy.send(text.as_bytes()).await?;

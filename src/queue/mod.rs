@@ -14,6 +14,7 @@
 //! - [`finish`]: batched, fenced `sent` finishes (group commit).
 //! - [`listen`]: the LISTEN relay that wakes idle claimers.
 //! - [`sweep`]: the sweeper — lease rescue, deadline expiry, retention purge.
+//! - [`stage`]: the stager — scheduled jobs whose time has come become claimable, with fair keys.
 //! - [`provider`]: the `Provider` trait, the HTTP provider and the no-op one.
 //! - [`budget`]: provider budgets for the whole deployment: concurrency shares, AIMD, rate, pauses.
 //! - [`scrub`]: provider error texts without URLs or credentials, bounded, before they are kept.
@@ -41,6 +42,7 @@ pub mod policy;
 pub mod provider;
 pub mod runtime;
 pub mod scrub;
+pub mod stage;
 pub mod stats;
 pub mod status;
 pub mod store;

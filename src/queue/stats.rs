@@ -22,9 +22,10 @@ pub const DRAIN_SAMPLE: i64 = 5_000;
 /// One class's numbers.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ClassStats {
-    /// Jobs waiting (pending or retrying).
+    /// Jobs waiting to be claimed (pending or retrying; scheduled ones are not waiting yet).
     pub pending: u64,
-    /// Age of the oldest job that is due (not waiting out a backoff or a deferral), seconds.
+    /// Seconds since the longest-waiting due job became due (was enqueued, or its `run_at` or retry
+    /// time came): how far behind the class is, whatever the job's own history.
     pub oldest_age_s: f64,
     /// Jobs finished per second over the last [`DRAIN_WINDOW`].
     pub drain_per_s: f64,
@@ -68,9 +69,9 @@ impl QueueStats {
         static WAITING: LazyLock<String> = LazyLock::new(|| {
             format!(
                 "SELECT class, count(*), \
-                        coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE run_after <= now()))::float8, 0) \
+                        coalesce(extract(epoch FROM now() - min(greatest(created_at, run_after)) FILTER (WHERE run_after <= now()))::float8, 0) \
                  FROM notification_jobs WHERE status IN ({waiting}) GROUP BY class",
-                waiting = JobStatus::sql_list(&JobStatus::WAITING)
+                waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE)
             )
         });
         let waiting: Vec<(String, i64, f64)> =

@@ -1,16 +1,19 @@
 //! A notification job's status, the one place its names are spelled, for Rust and for SQL.
 //!
 //! ```text
-//! pending ──claim──▶ sending ──▶ sent
-//!    ▲                 │ ├────▶ dead      (permanent error, attempts used up; retry/replay → pending,
-//!    │                 │ │                  discard → discarded)
-//!    │                 │ └────▶ expired   (deadline passed; also straight from pending/retrying)
-//!    └── failed-retrying ◀─┘ (transient error, or a lease that expired: back after a backoff)
-//! pending / failed-retrying ──cancel──▶ canceled
+//! scheduled ──stager (due)──▶ pending ──claim──▶ sending ──▶ sent
+//!                                ▲                 │ ├────▶ dead      (permanent error, attempts used up;
+//!                                │                 │ │                  retry → pending, replay → scheduled,
+//!                                │                 │ │                  discard → discarded)
+//!                                │                 │ └────▶ expired   (deadline passed; also straight from
+//!                                │                 │                    pending/retrying)
+//!                                └── failed-retrying ◀─┘ (transient error, or a lease that expired:
+//!                                                          back after a backoff)
+//! scheduled / pending / failed-retrying ──cancel──▶ canceled
 //! ```
 //!
-//! A pending job whose `run_after` lies ahead (a scheduled send) is shown as `scheduled`; in the table it
-//! is `pending`.
+//! A job enqueued for later (`run_at`, deferred intake, a paced replay) is `scheduled`: out of the claim
+//! indexes until the stager makes it `pending`, with a fair key of that moment.
 
 use serde::Serialize;
 
@@ -18,7 +21,9 @@ use serde::Serialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum JobStatus {
-    /// Waiting for its first attempt (or a replay).
+    /// Waiting for its `run_after` before it may be claimed (not in the claim indexes).
+    Scheduled,
+    /// Waiting for its first attempt (or a retry by an operator).
     Pending,
     /// Waiting for another attempt after a transient failure; due at `run_after`.
     #[serde(rename = "failed-retrying")]
@@ -38,8 +43,10 @@ pub enum JobStatus {
 }
 
 impl JobStatus {
-    /// The states a worker may claim from.
-    pub const WAITING: [JobStatus; 2] = [JobStatus::Pending, JobStatus::Retrying];
+    /// The states a worker may claim from (what the claim indexes cover).
+    pub const CLAIMABLE: [JobStatus; 2] = [JobStatus::Pending, JobStatus::Retrying];
+    /// The states a job may be canceled in: not sent, not being sent.
+    pub const CANCELABLE: [JobStatus; 3] = [JobStatus::Scheduled, JobStatus::Pending, JobStatus::Retrying];
     /// The states `queue.retention` purges from (dead letters have a retention of their own).
     pub const FINISHED: [JobStatus; 4] =
         [JobStatus::Sent, JobStatus::Expired, JobStatus::Canceled, JobStatus::Discarded];
@@ -47,6 +54,7 @@ impl JobStatus {
     /// The column value, e.g. `failed-retrying`.
     pub const fn as_str(self) -> &'static str {
         match self {
+            JobStatus::Scheduled => "scheduled",
             JobStatus::Pending => "pending",
             JobStatus::Retrying => "failed-retrying",
             JobStatus::Sending => "sending",
@@ -69,7 +77,8 @@ impl JobStatus {
     }
 
     /// Every status, in the order of a job's life.
-    pub const ALL: [JobStatus; 8] = [
+    pub const ALL: [JobStatus; 9] = [
+        JobStatus::Scheduled,
         JobStatus::Pending,
         JobStatus::Retrying,
         JobStatus::Sending,
@@ -103,6 +112,6 @@ mod tests {
             assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
             assert_eq!(s.sql(), format!("'{s}'"));
         }
-        assert_eq!(JobStatus::sql_list(&JobStatus::WAITING), "'pending', 'failed-retrying'");
+        assert_eq!(JobStatus::sql_list(&JobStatus::CLAIMABLE), "'pending', 'failed-retrying'");
     }
 }

@@ -23,7 +23,7 @@ pub const JOBS: ClaimTable = ClaimTable {
 };
 
 /// SQL literals of the claimable states.
-static WAITING: LazyLock<String> = LazyLock::new(|| JobStatus::sql_list(&JobStatus::WAITING));
+static CLAIMABLE: LazyLock<String> = LazyLock::new(|| JobStatus::sql_list(&JobStatus::CLAIMABLE));
 /// SQL literal of the held state.
 static SENDING: LazyLock<String> = LazyLock::new(|| JobStatus::Sending.sql());
 
@@ -85,7 +85,7 @@ impl From<&ClaimedJob> for crate::queue::provider::Message {
 pub fn claim_sql(policy: &GroupPolicy, capped: bool) -> String {
     if !capped {
         return JOBS.claim_sql(&ClaimSpec {
-            free: &WAITING,
+            free: &CLAIMABLE,
             held: &SENDING,
             filter: "priority = ANY($5) AND class = ANY($3) AND run_after <= now() AND $4::int4[] IS NOT NULL",
             order_by: &policy.order.sql_order_by(),
@@ -109,7 +109,7 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool) -> String {
         order = policy.order.sql_order_by()
     );
     let claim = JOBS.claim_sql(&ClaimSpec {
-        free: &WAITING,
+        free: &CLAIMABLE,
         held: &SENDING,
         filter,
         order_by: &policy.order.sql_order_by(),
@@ -347,7 +347,7 @@ pub async fn rescue_expired_leases(db: &PgPool, batch: i64) -> Result<u64, sqlx:
 
 static EXPIRE_OVERDUE: LazyLock<String> = LazyLock::new(|| {
     JOBS.update_picked_sql(
-        &Pick { from: &WAITING, filter: "deadline IS NOT NULL AND deadline < now()", order_by: Some("deadline") },
+        &Pick { from: &CLAIMABLE, filter: "deadline IS NOT NULL AND deadline < now()", order_by: Some("deadline") },
         &format!(
             "status = {expired}, finished_at = clock_timestamp(), \
              last_error = coalesce(t.last_error, 'deadline passed before it could be sent')",
@@ -449,7 +449,7 @@ pub struct JobView {
     pub class: String,
     /// Tenant the job was enqueued for.
     pub tenant: String,
-    /// Current status (see [`JobStatus`]); a pending job not due yet shows as `scheduled`.
+    /// Current status (see [`JobStatus`]).
     pub status: String,
     /// Attempts made so far (a claim counts as one).
     pub attempts: i32,
@@ -474,10 +474,8 @@ pub struct JobView {
 /// Looks a job up by id.
 pub async fn get_job(db: &PgPool, id: i64) -> Result<Option<JobView>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, class, tenant, \
-                CASE WHEN status = 'pending' AND run_after > now() THEN 'scheduled' ELSE status END AS status, \
-                attempts, max_attempts, run_after, \
-                CASE WHEN status = 'pending' AND run_after > now() THEN run_after END AS run_at, \
+        "SELECT id, class, tenant, status, attempts, max_attempts, run_after, \
+                CASE WHEN status = 'scheduled' THEN run_after END AS run_at, \
                 deadline, created_at, picked_at, finished_at, last_error FROM notification_jobs WHERE id = $1",
     )
     .bind(id)

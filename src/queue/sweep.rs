@@ -46,10 +46,15 @@ pub async fn sweep(db: &PgPool, runtime: &QueueRuntime) -> Result<(), sqlx::Erro
 }
 
 /// Registers the sweep on `queue.sweep_schedule`.
-pub async fn schedule(scheduler: &JobScheduler, db: &PgPool, runtime: &Arc<QueueRuntime>) -> anyhow::Result<()> {
+pub async fn schedule(
+    scheduler: &JobScheduler,
+    db: &PgPool,
+    runtime: &Arc<QueueRuntime>,
+    runs: &tokio_util::task::TaskTracker,
+) -> anyhow::Result<()> {
     let (db, runtime) = (db.clone(), runtime.clone());
     let cron = runtime.settings.sweep_schedule.clone();
-    crate::schedule::add(scheduler, &cron, move || {
+    crate::schedule::add(scheduler, &cron, runs, move || {
         let (db, runtime) = (db.clone(), runtime.clone());
         async move {
             if let Err(e) = sweep(&db, &runtime).await {

@@ -17,9 +17,9 @@ use crate::queue::stats::QueueStats;
 pub struct ClassView {
     /// The class's name.
     pub class: String,
-    /// Jobs due now (pending, `run_after` passed).
+    /// Jobs waiting to be claimed for a first attempt (`pending`).
     pub pending: i64,
-    /// Jobs waiting for a later `run_after` (scheduled sends, deferred intake).
+    /// Jobs waiting for a later time (`scheduled`: a `run_at`, deferred intake, a paced replay).
     pub scheduled: i64,
     /// Jobs being sent.
     pub in_flight: i64,
@@ -27,7 +27,7 @@ pub struct ClassView {
     pub retrying: i64,
     /// Dead letters.
     pub dead: i64,
-    /// Age of the oldest job that is due, seconds (0 with none).
+    /// Seconds since the longest-waiting due job (pending or retrying) became due (0 with none).
     pub oldest_waiting_age_s: f64,
     /// Jobs leaving the queue per second (sent, expired, dead or canceled) over the last 30 s, as this
     /// pod's last stats refresh saw it: the rate intake backpressure predicts waits with.
@@ -81,11 +81,11 @@ struct BudgetRow {
 pub async fn read(db: &PgPool, rt: &QueueRuntime, stats: &QueueStats) -> Result<QueueView, sqlx::Error> {
     let waiting: Vec<(String, i64, i64, i64, f64)> = sqlx::query_as(
         "SELECT class, \
-                count(*) FILTER (WHERE status = 'pending' AND run_after <= now()), \
-                count(*) FILTER (WHERE status = 'pending' AND run_after > now()), \
+                count(*) FILTER (WHERE status = 'pending'), \
+                count(*) FILTER (WHERE status = 'scheduled'), \
                 count(*) FILTER (WHERE status = 'failed-retrying'), \
-                coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE run_after <= now()))::float8, 0) \
-         FROM notification_jobs WHERE status IN ('pending', 'failed-retrying') GROUP BY class",
+                coalesce(extract(epoch FROM now() - min(greatest(created_at, run_after)) FILTER (WHERE run_after <= now()))::float8, 0) \
+         FROM notification_jobs WHERE status IN ('scheduled', 'pending', 'failed-retrying') GROUP BY class",
     )
     .fetch_all(db)
     .await?;

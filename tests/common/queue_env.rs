@@ -98,6 +98,12 @@ impl Env {
             .unwrap();
     }
 
+    /// One stager pass: scheduled jobs that are due become pending (what the stager loop does every
+    /// second in a running instance); returns how many.
+    pub async fn promote(&self) -> u64 {
+        cifpool::queue::stage::promote_due(&self.app.state.db, &self.app.state.queue).await.unwrap()
+    }
+
     /// Runs a `SELECT count(*)` query.
     pub async fn count(&self, sql: &str) -> i64 {
         sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string())).fetch_one(&self.db.pool).await.unwrap()

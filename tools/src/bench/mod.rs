@@ -341,6 +341,7 @@ pub(crate) fn use_noop_providers(settings: &mut Settings) {
     let workers = settings.queue.workers as u32;
     for provider in settings.queue.providers.values_mut() {
         provider.kind = cifpool::config::ProviderKind::Noop;
+        provider.allow_noop = true;
         provider.url = None;
         provider.authorization = None;
         provider.max_concurrency = provider.max_concurrency.max(workers);

@@ -320,7 +320,7 @@ async fn enqueue_phase(
 async fn unfinished(db: &PgPool, class: &str) -> anyhow::Result<u64> {
     let n: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM notification_jobs \
-         WHERE class = $1 AND status IN ('pending', 'failed-retrying', 'sending')",
+         WHERE class = $1 AND status IN ('scheduled', 'pending', 'failed-retrying', 'sending')",
     )
     .bind(class)
     .fetch_one(db)

@@ -368,6 +368,7 @@ async fn reset(db: &PgPool, pool: &Pool, need: u64) -> anyhow::Result<u64> {
         match summary.outcome {
             RefillOutcome::Busy => tokio::time::sleep(Duration::from_millis(50)).await,
             RefillOutcome::Exhausted => anyhow::bail!("the bench pool's domain is exhausted"),
+            RefillOutcome::Refused => anyhow::bail!("the bench pool's stored format or key is not this run's"),
             _ => {}
         }
         available = self::available(db, pool).await?;

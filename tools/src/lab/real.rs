@@ -203,6 +203,7 @@ fn lab_queue(opts: &LabOptions, strategy: Strategy, sms_url: &str, push_url: &st
         min_concurrency: 1,
         max_rate_per_second: None,
         authorization: None,
+        allow_noop: false,
     };
     QueueSettings {
         workers_enabled: true,
