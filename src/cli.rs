@@ -254,9 +254,15 @@ pub struct CodeArgs {
     /// Check-digit scheme: damm, luhn, mod97 or none. Defaults to the pool's, else damm.
     #[arg(long)]
     pub check: Option<crate::code::check::CheckScheme>,
-    /// Master key in hex. Without it, the configured master key (CIFPOOL_MASTER_KEY, key file, dev key).
-    #[arg(long, value_name = "HEX")]
+    /// Master key in hex, on the command line (other users see it in `ps`, and shells keep it in their
+    /// history: prefer --key-stdin, or the CIFPOOL_MASTER_KEY environment variable). Without either, the
+    /// configured master key (CIFPOOL_MASTER_KEY, security.master_key_file, the dev key).
+    #[arg(long, value_name = "HEX", conflicts_with = "key_stdin")]
     pub key_hex: Option<String>,
+    /// Read the master key in hex from the first line of standard input (e.g. `vault read … | cifpool
+    /// codes inspect --key-stdin CODE`).
+    #[arg(long)]
+    pub key_stdin: bool,
     /// Key label of the pool. Defaults to the pool's, else "default".
     #[arg(long)]
     pub key_id: Option<String>,
@@ -273,9 +279,9 @@ impl CodeArgs {
             Some(name) => settings.pool(name),
             None => None,
         };
-        if self.pool.is_some() && configured.is_none() && self.key_hex.is_none() {
+        if self.pool.is_some() && configured.is_none() && self.key_hex.is_none() && !self.key_stdin {
             anyhow::bail!(
-                "pool {:?} is not in the configuration; pass --key-hex and the format flags",
+                "pool {:?} is not in the configuration; pass the key (--key-stdin or --key-hex) and the format flags",
                 self.pool.as_deref().unwrap_or_default()
             );
         }
@@ -289,6 +295,13 @@ impl CodeArgs {
         let pool_name = self.pool.clone().unwrap_or_else(|| "default".into());
         let master = match &self.key_hex {
             Some(hex) => crate::keys::MasterKey::from_hex(hex).context("--key-hex")?,
+            None if self.key_stdin => {
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line).context("reading the key from standard input")?;
+                let key = crate::keys::MasterKey::from_hex(&line).context("--key-stdin");
+                line.replace_range(.., &"0".repeat(line.len()));
+                key?
+            }
             None => crate::keys::resolve_master_key(settings, false)?,
         };
         let format = CodeFormat::new(prefix, digits, check)?;

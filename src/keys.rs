@@ -37,6 +37,20 @@ pub enum KeyError {
     /// The hex text had the right length but contained a non-hex character.
     #[error("master key contains a character that is not a hex digit (0-9, a-f, A-F)")]
     NotHex,
+    /// The key file can be read (or changed) by others than this process's user and group.
+    #[error(
+        "key file {path} has mode {mode:04o}: {why}; run chmod 600 {path} (or 0440 with a group only this \
+         service's user is in, as Kubernetes' fsGroup gives)",
+        path = path.display()
+    )]
+    Exposed {
+        /// The key file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// Which access is too wide.
+        why: &'static str,
+    },
     /// Reading or creating the key file failed.
     #[error("key file {path}: {source}")]
     Io {
@@ -46,6 +60,37 @@ pub enum KeyError {
         #[source]
         source: io::Error,
     },
+}
+
+/// Refuses a key file others could read: any access for "other", group write, or group read by a
+/// group this process is not in. Group read by the process's own group is allowed, because that is how
+/// Kubernetes hands a non-root container its secret (`fsGroup`, mode 0440, owner root).
+fn check_file_access(path: &Path) -> Result<(), KeyError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|source| KeyError::Io { path: path.to_owned(), source })?;
+    let mode = meta.mode() & 0o7777;
+    let exposed = |why| Err(KeyError::Exposed { path: path.to_owned(), mode, why });
+    if mode & 0o007 != 0 {
+        return exposed("every user of the machine has access to it");
+    }
+    if mode & 0o020 != 0 {
+        return exposed("its group may change it");
+    }
+    if mode & 0o040 != 0 && !process_in_group(meta.gid()) {
+        return exposed("a group this service does not belong to may read it");
+    }
+    Ok(())
+}
+
+/// Whether `gid` is this process's effective group or one of its supplementary groups.
+fn process_in_group(gid: u32) -> bool {
+    // SAFETY: getegid cannot fail; getgroups writes at most `len` entries into a buffer of that size.
+    if unsafe { libc::getegid() } == gid {
+        return true;
+    }
+    let mut groups = vec![0 as libc::gid_t; 256];
+    let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
+    n > 0 && groups[..n as usize].contains(&gid)
 }
 
 /// Overwrites key bytes in a way the optimiser may not elide, since the
@@ -99,6 +144,7 @@ impl MasterKey {
     /// Reads a key file holding 64 hex characters (a trailing newline is fine).
     pub fn load_file(path: impl AsRef<Path>) -> Result<MasterKey, KeyError> {
         let path = path.as_ref();
+        check_file_access(path)?;
         let text = std::fs::read_to_string(path).map_err(|source| KeyError::Io { path: path.to_owned(), source })?;
         MasterKey::from_hex(&text)
     }

@@ -69,4 +69,5 @@ pub fn register_event_counters(state: &crate::state::AppState) {
     }
     metrics::counter!("cifpool_queue_lease_lost_total").absolute(0);
     metrics::counter!("cifpool_queue_rescued_total").absolute(0);
+    metrics::counter!("cifpool_queue_batches_refused_total").absolute(0);
 }

@@ -123,3 +123,24 @@ fn keygen_prints_fresh_256_bit_keys() {
     assert!(a.trim().chars().all(|c| c.is_ascii_hexdigit()));
     assert_ne!(a, b);
 }
+
+#[test]
+fn the_key_can_come_from_standard_input_instead_of_the_command_line() {
+    let flags = ["--digits", "9", "--prefix", "1", "--start", "7", "--count", "3"];
+    let by_flag = stdout(&cifpool(&[&["codes", "gen", "--key-hex", KEY][..], &flags].concat()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cifpool"))
+        .args([&["codes", "gen", "--key-stdin"][..], &flags].concat())
+        .env_remove("CIFPOOL_MASTER_KEY")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(format!("{KEY}\n").as_bytes()).unwrap();
+    let by_stdin = stdout(&child.wait_with_output().unwrap());
+    assert_eq!(by_stdin, by_flag);
+    let help = String::from_utf8(cifpool(&["codes", "gen", "--help"]).stdout).unwrap();
+    assert!(help.contains("--key-stdin") && help.contains("CIFPOOL_MASTER_KEY"), "{help}");
+    let both = cifpool(&[&["codes", "gen", "--key-stdin", "--key-hex", KEY][..], &flags].concat());
+    assert!(!both.status.success(), "one key source at a time");
+}

@@ -115,6 +115,7 @@ fn load_file_errors() {
 
     let bad = dir.path().join("bad.key");
     std::fs::write(&bad, "not a key at all\n").unwrap();
+    std::fs::set_permissions(&bad, std::fs::Permissions::from_mode(0o600)).unwrap();
     let err = MasterKey::load_file(&bad).unwrap_err();
     assert!(matches!(err, KeyError::HexLength { found: 16 }));
     assert!(!err.to_string().contains("not a key"), "{err}");
@@ -125,4 +126,33 @@ fn load_file_errors() {
 
     let err = MasterKey::load_or_generate_dev(dir.path().join("no/such/dir/k")).unwrap_err();
     assert!(matches!(err, KeyError::Io { .. }));
+}
+
+#[test]
+fn a_key_file_others_can_read_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("master.key");
+    let key = MasterKey::generate_into_file(&path).unwrap();
+    let chmod = |mode| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    for (mode, why) in [(0o644, "every user"), (0o604, "every user"), (0o620, "may change it")] {
+        chmod(mode);
+        let err = MasterKey::load_file(&path).unwrap_err();
+        assert!(matches!(err, KeyError::Exposed { .. }), "{mode:o}: {err}");
+        let text = err.to_string();
+        assert!(text.contains(why) && text.contains("chmod 600"), "{text}");
+        assert!(!text.contains(&key.to_hex()), "never the key itself");
+    }
+    // Readable by this process's own group: how Kubernetes mounts a secret for a non-root user.
+    chmod(0o440);
+    assert_eq!(MasterKey::load_file(&path).unwrap(), key);
+    chmod(0o600);
+    assert_eq!(MasterKey::load_file(&path).unwrap(), key);
+    // Group-readable by a group this process is not in (only root can hand the file to it).
+    if unsafe { libc::geteuid() } == 0 {
+        let foreign: u32 = 54_321;
+        std::os::unix::fs::chown(&path, None, Some(foreign)).unwrap();
+        chmod(0o640);
+        let err = MasterKey::load_file(&path).unwrap_err();
+        assert!(err.to_string().contains("does not belong to"), "{err}");
+    }
 }

@@ -487,3 +487,59 @@ async fn the_queue_view_matches_the_table() {
     let age = e.app.state.queue_stats.get("transactional").unwrap().oldest_dead_age_s;
     assert!((7100.0..7300.0).contains(&age), "{age}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_beyond_max_concurrent_batches_are_429_not_held_in_memory() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let e = env_with(|s| s.queue.max_concurrent_batches = 1).await;
+    let body = serde_json::to_vec(&json!({ "class": "promo", "tenant": "shop",
+        "jobs": (0..1000).map(|i| json!({ "recipient": format!("d-{i}") })).collect::<Vec<_>>() }))
+    .unwrap();
+    // A client sending its batch slowly: headers and half the body, the rest later.
+    let addr = e.app.base.trim_start_matches("http://").to_string();
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /v1/notifications/batch HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        e.app.key,
+        body.len()
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    slow.write_all(&body[..body.len() / 2]).await.unwrap();
+    let by = Instant::now() + Duration::from_secs(5);
+    while e.app.state.queue.batch_permits.available_permits() > 0 {
+        assert!(Instant::now() < by, "the slow batch never took its permit");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Meanwhile another batch is refused at once, before its body is read.
+    let r = e
+        .app
+        .client
+        .post(e.app.url("/v1/notifications/batch"))
+        .body(body.clone())
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers().get("retry-after").map(|v| v.to_str().unwrap()), Some("1"));
+    let problem = assert_problem(r, 429).await;
+    assert!(problem["detail"].as_str().unwrap().contains("max_concurrent_batches"), "{problem}");
+    // Ordinary requests are not limited.
+    assert_eq!(enqueue_at(&e, "promo", None).await.status(), 202);
+    // The slow batch completes, and frees its permit.
+    slow.write_all(&body[body.len() / 2..]).await.unwrap();
+    let mut answer = String::new();
+    slow.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+    assert_eq!(e.app.state.queue.batch_permits.available_permits(), 1);
+    let r = e
+        .app
+        .client
+        .post(e.app.url("/v1/notifications/batch"))
+        .body(body)
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+}

@@ -42,6 +42,11 @@ pub struct QueueSettings {
     pub max_batch: usize,
     /// Body limit of the batch endpoint, in bytes.
     pub batch_body_limit_bytes: usize,
+    /// Batch requests one instance receives at once; more are answered 429 with `Retry-After`. Each
+    /// holds its body and the parsed jobs in memory, so this with `batch_body_limit_bytes` bounds a
+    /// pod's memory (see OPERATIONS.md for measured figures).
+    #[serde(default = "default_max_concurrent_batches")]
+    pub max_concurrent_batches: usize,
     /// Request deadline of the batch endpoint (a 500,000-job batch takes seconds).
     #[serde(with = "humantime_serde")]
     pub batch_timeout: Duration,
@@ -58,6 +63,10 @@ pub struct QueueSettings {
     pub classes: Vec<ClassSettings>,
     /// Providers by name (`[queue.providers.NAME]`), referenced by the classes.
     pub providers: std::collections::BTreeMap<String, ProviderSettings>,
+}
+
+fn default_max_concurrent_batches() -> usize {
+    2
 }
 
 impl QueueSettings {
@@ -247,6 +256,9 @@ impl QueueSettings {
         if let Some(c) = q.classes.iter().find(|c| !groups.iter().any(|g| g.size > 0 && g.takes(&c.name))) {
             let key = if q.groups.is_empty() { "queue.reserved" } else { "queue.groups" };
             return invalid(key.into(), format!("no worker group with workers takes class {:?}", c.name));
+        }
+        if q.max_concurrent_batches == 0 {
+            return invalid("queue.max_concurrent_batches".into(), "must be at least 1".into());
         }
         if q.claim_batch == 0 || q.max_batch == 0 {
             return invalid("queue.claim_batch".into(), "claim_batch and max_batch must be at least 1".into());

@@ -38,6 +38,41 @@ pub enum EmbeddedError {
          or point cifpool at an existing server with database.url (env CIFPOOL_DATABASE__URL)"
     )]
     BinariesNotFound,
+    /// The data directory was made by a Postgres major version whose binaries are not installed.
+    #[error(
+        "the embedded data directory {data_dir} was created by PostgreSQL {major} (its PG_VERSION), but only \
+         {available} server binaries are installed; install PostgreSQL {major} (Debian/Ubuntu: \
+         `apt-get install postgresql-{major}`) or upgrade the directory with pg_upgrade",
+        data_dir = data_dir.display()
+    )]
+    VersionNotInstalled {
+        /// The data directory.
+        data_dir: PathBuf,
+        /// Its major version.
+        major: u32,
+        /// The installed majors, for the message.
+        available: String,
+    },
+    /// Running as root, the server runs as `postgres`, which cannot reach the data directory.
+    #[error(
+        "the embedded server runs as the `postgres` user (cifpool runs as root and initdb refuses root), \
+         and `postgres` cannot enter {blocked} (mode {mode:04o}, owner uid {owner}), a parent of the data \
+         directory {data_dir}. Put the data directory under a path `postgres` can traverse (e.g. \
+         --data-dir /var/lib/cifpool/pg), give that directory o+x (`chmod o+x {blocked}`), or run cifpool \
+         as a normal user",
+        blocked = blocked.display(),
+        data_dir = data_dir.display()
+    )]
+    ParentNotTraversable {
+        /// The data directory.
+        data_dir: PathBuf,
+        /// The first parent `postgres` cannot enter.
+        blocked: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// Its owner.
+        owner: u32,
+    },
     /// Running as root but there is no `postgres` user to drop to.
     #[error(
         "running as root, but there is no `postgres` OS user to run the embedded server as \
@@ -113,23 +148,107 @@ pub struct EmbeddedPostgres {
 /// Finds a directory holding `initdb` and `postgres`: `PATH` first, then the newest
 /// `/usr/lib/postgresql/<version>/bin`.
 pub fn find_bin_dir() -> Option<PathBuf> {
-    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    installed_servers().into_iter().next().map(|(_, bin)| bin)
+}
+
+fn has_server(dir: &Path) -> bool {
+    dir.join("initdb").is_file() && dir.join("postgres").is_file()
+}
+
+/// Every installed server, in order of preference (the one on `PATH` first, then the newest under
+/// `/usr/lib/postgresql`), with its major version when it can be told.
+fn installed_servers() -> Vec<(Option<u32>, PathBuf)> {
+    let mut found = Vec::new();
     if let Some(path) = std::env::var_os("PATH")
-        && let Some(dir) = std::env::split_paths(&path).find(|d| has_both(d))
+        && let Some(dir) = std::env::split_paths(&path).find(|d| has_server(d))
     {
-        return Some(dir);
+        found.push((server_major(&dir), dir));
     }
     let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
-        .ok()?
+        .into_iter()
+        .flatten()
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let version = e.file_name().to_str()?.parse::<u32>().ok()?;
             let bin = e.path().join("bin");
-            has_both(&bin).then_some((version, bin))
+            has_server(&bin).then_some((version, bin))
         })
         .collect();
     versions.sort();
-    versions.pop().map(|(_, bin)| bin)
+    found.extend(versions.into_iter().rev().map(|(v, bin)| (Some(v), bin)));
+    found
+}
+
+/// The major version of the server in `dir`, from `postgres --version` ("postgres (PostgreSQL) 15.8 …").
+fn server_major(dir: &Path) -> Option<u32> {
+    let out = Command::new(dir.join("postgres")).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text.split(')').nth(1)?.split_whitespace().next()?;
+    version.split('.').next()?.parse().ok()
+}
+
+/// The server binaries for `data_dir`: those of the major version it was created with, if it exists
+/// (a newer installed Postgres cannot open it), else the preferred installed server.
+fn bin_dir_for(data_dir: &Path) -> Result<PathBuf, EmbeddedError> {
+    let servers = installed_servers();
+    let made_by = fs::read_to_string(data_dir.join("PG_VERSION")).ok().and_then(|v| v.trim().parse::<u32>().ok());
+    let Some(major) = made_by else {
+        return servers.into_iter().next().map(|(_, bin)| bin).ok_or(EmbeddedError::BinariesNotFound);
+    };
+    if let Some((_, bin)) = servers.iter().find(|(v, _)| *v == Some(major)) {
+        return Ok(bin.clone());
+    }
+    if servers.is_empty() {
+        return Err(EmbeddedError::BinariesNotFound);
+    }
+    let mut majors: Vec<String> =
+        servers.iter().map(|(v, _)| v.map_or_else(|| "unknown-version".to_string(), |v| v.to_string())).collect();
+    majors.dedup();
+    Err(EmbeddedError::VersionNotInstalled {
+        data_dir: data_dir.to_owned(),
+        major,
+        available: format!("PostgreSQL {}", majors.join(", ")),
+    })
+}
+
+/// Whether the `postgres` user can enter `dir`, asked of the system itself.
+fn postgres_can_enter(dir: &Path) -> bool {
+    server_command(Path::new("/bin/sh"), Some((0, 0)))
+        .args(["-c", "test -x \"$1\"", "cifpool-check"])
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// When the server will run as `postgres` (`ids`), checks that it can enter every existing parent of
+/// `data_dir`; initdb's own message ("could not access directory … Permission denied") does not say
+/// which one, or why.
+fn check_parents_traversable(data_dir: &Path, ids: Option<(u32, u32)>) -> Result<(), EmbeddedError> {
+    use std::os::unix::fs::MetadataExt;
+    let Some((uid, gid)) = ids else { return Ok(()) };
+    for dir in data_dir.ancestors().skip(1) {
+        let Ok(meta) = fs::metadata(dir) else { continue };
+        let mode = meta.mode() & 0o7777;
+        let enters = if meta.uid() == uid {
+            mode & 0o100 != 0
+        } else if meta.gid() == gid {
+            mode & 0o010 != 0
+        } else {
+            mode & 0o001 != 0
+        };
+        // The mode bits leave out supplementary groups and ACLs: ask the system before refusing.
+        if !enters && !postgres_can_enter(dir) {
+            return Err(EmbeddedError::ParentNotTraversable {
+                data_dir: data_dir.to_owned(),
+                blocked: dir.to_owned(),
+                mode,
+                owner: meta.uid(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The uid/gid to run the server as when we are root.
@@ -206,12 +325,13 @@ impl EmbeddedPostgres {
     /// Initialises the data directory when needed, starts the server and waits until it accepts
     /// connections. Blocking; async callers use `tokio::task::spawn_blocking`.
     pub fn start(opts: &EmbeddedOptions) -> Result<EmbeddedPostgres, EmbeddedError> {
-        let bin = find_bin_dir().ok_or(EmbeddedError::BinariesNotFound)?;
         let ids = postgres_ids()?;
         let data_dir = std::path::absolute(&opts.data_dir).map_err(io_err("resolving data dir"))?;
+        let bin = bin_dir_for(&data_dir)?;
         if let Some(parent) = data_dir.parent() {
             fs::create_dir_all(parent).map_err(io_err(format!("creating {}", parent.display())))?;
         }
+        check_parents_traversable(&data_dir, ids)?;
         let log_file = data_dir.with_extension("log");
 
         if !data_dir.join("PG_VERSION").is_file() {

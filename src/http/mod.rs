@@ -46,7 +46,7 @@ pub fn app(state: AppState) -> Router {
         .layer(RequestBodyLimitLayer::new(server.body_limit_bytes))
         .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, server.request_timeout));
     let queue = &state.settings.queue;
-    let bulk = notifications::batch_router()
+    let bulk = notifications::batch_router(&state)
         .layer(RequestBodyLimitLayer::new(queue.batch_body_limit_bytes))
         .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, queue.batch_timeout));
     Router::new()

@@ -1,8 +1,10 @@
 //! `/v1/notifications`: enqueue one or a batch (sent now or at `run_at`), look one up, cancel one, and
 //! watch or cancel a batch.
 
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
@@ -24,9 +26,31 @@ pub fn router() -> Router<AppState> {
         .route("/v1/notifications/batches/{id}/cancel", post(cancel_batch))
 }
 
-/// The batch route, which carries its own (large) body limit.
-pub fn batch_router() -> Router<AppState> {
-    Router::new().route("/v1/notifications/batch", post(enqueue_batch)).layer(DefaultBodyLimit::disable())
+/// The batch route, which carries its own (large) body limit, and at most `max_concurrent_batches`
+/// requests of it at once.
+pub fn batch_router(state: &AppState) -> Router<AppState> {
+    Router::new()
+        .route("/v1/notifications/batch", post(enqueue_batch))
+        .layer(DefaultBodyLimit::disable())
+        .route_layer(middleware::from_fn_with_state(state.clone(), one_of_few_batches))
+}
+
+/// Admits a batch request only with a free permit, held until the answer: a batch's body and parsed
+/// jobs live in memory, and the permits bound how many this instance holds at once. Without one: 429.
+async fn one_of_few_batches(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Ok(_permit) = state.queue.batch_permits.clone().try_acquire_owned() else {
+        metrics::counter!("cifpool_queue_batches_refused_total").increment(1);
+        let busy = state.queue.settings.max_concurrent_batches;
+        return ApiError::TooManyRequests {
+            retry_after_secs: 1,
+            detail: format!(
+                "this instance is already receiving {busy} batch request(s) (queue.max_concurrent_batches); \
+                 retry after the Retry-After delay, or send smaller batches"
+            ),
+        }
+        .into_response();
+    };
+    next.run(request).await
 }
 
 impl From<SubmitError> for ApiError {

@@ -41,6 +41,8 @@ pub struct QueueRuntime {
     pub member: Uuid,
     /// The pauses in force, as last read from `queue_pauses`.
     pauses: std::sync::RwLock<Pauses>,
+    /// One permit per batch request this instance may receive at once (`max_concurrent_batches`).
+    pub batch_permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl QueueRuntime {
@@ -63,7 +65,9 @@ impl QueueRuntime {
                 (c.name.clone(), ClassRuntime { settings: c.clone(), provider })
             })
             .collect();
+        let batch_permits = Arc::new(tokio::sync::Semaphore::new(settings.max_concurrent_batches));
         Arc::new(QueueRuntime {
+            batch_permits,
             settings,
             classes,
             providers,
