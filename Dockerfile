@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 #
-# Build: docker build -t cifpool .
+# Build: docker build --build-arg CIFPOOL_GIT_SHA=$(git rev-parse --short=12 HEAD) -t cifpool .
 # Run:   docker run -p 8080:8080 \
 #          -e CIFPOOL_DATABASE__URL='postgres://cifpool:…@db:5432/cifpool' \
 #          -e CIFPOOL_SECURITY__ADMIN_TOKEN='…at least 16 characters…' \
@@ -42,6 +42,10 @@ RUN mkdir -p src tools/src tools/benches \
 
 # 2. The service itself: only what its build reads, so editing docs, deploy/, tests/ or tools/ does not
 #    rebuild (the tools' stubs from step 1 stay, for the workspace manifest).
+#    build.rs records the commit for cifpool_build_info: there is no .git in the build context, so pass
+#    it: docker build --build-arg CIFPOOL_GIT_SHA=$(git rev-parse --short=12 HEAD) .
+ARG CIFPOOL_GIT_SHA=unknown
+COPY build.rs ./
 COPY src ./src
 COPY migrations ./migrations
 COPY config/default.toml ./config/default.toml
@@ -64,8 +68,8 @@ RUN apt-get update \
 COPY --from=build /out/cifpool /usr/local/bin/cifpool
 
 # Configuration comes from outside: CIFPOOL_CONFIG (a mounted TOML file, e.g. a Kubernetes ConfigMap),
-# secrets from the environment (CIFPOOL_DATABASE__URL, CIFPOOL_SECURITY__ADMIN_TOKEN) and the master key
-# from a mounted file. Environment variables win over the file, so the listen address and log format
+# secrets from mounted files named by CIFPOOL_DATABASE__URL_FILE, CIFPOOL_SECURITY__ADMIN_TOKEN_FILE, … (or
+# the plain variables) and the master key from a mounted file. Environment variables win over the file, so the listen address and log format
 # below hold whatever the file says. 0.0.0.0: inside a container, 127.0.0.1 is unreachable from outside.
 ENV CIFPOOL_CONFIG=/etc/cifpool/cifpool.toml \
     CIFPOOL_SERVER__LISTEN=0.0.0.0:8080 \

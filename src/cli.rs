@@ -361,10 +361,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(addr) = listen {
                 settings.server.listen = addr;
             }
-            crate::telemetry::init_logging(settings.log.format, &settings.log.level);
             runtime()?.block_on(async {
-                let app = Application::build(settings).await?;
-                app.run_until(crate::startup::shutdown_signal()).await
+                crate::telemetry::init_for_serve(&settings)?;
+                let result = async {
+                    let app = Application::build(settings).await?;
+                    app.run_until(crate::startup::shutdown_signal()).await
+                }
+                .await;
+                // Spans of the last requests leave before the process does.
+                let _ = tokio::task::spawn_blocking(crate::telemetry::traces::shutdown).await;
+                result
             })?;
             Ok(ExitCode::SUCCESS)
         }

@@ -23,7 +23,8 @@
 //! - [`startup`]: [`startup::Application`], settings turned into a running service.
 //! - [`http`]: the router ([`http::app`]), `serve`, and the problem+json error type.
 //! - [`state`]: the state every handler and background job shares.
-//! - [`telemetry`]: logs and the Prometheus recorder.
+//! - [`telemetry`]: logs (with one access line per request), OTLP traces, the Prometheus recorder and
+//!   the process, database-pool and build gauges.
 //! - [`cli`]: the `cifpool` command line (serve, migrate, config check, codes, keygen, dlq, …).
 //!
 //! **Tools** live in their own crate, `tools/` (`cifpool-tools`): benchmarks against raw SQL and the

@@ -100,6 +100,8 @@ impl Application {
         let mut tasks = tokio::task::JoinSet::new();
         let mut scheduler = None;
         crate::telemetry::register_event_counters(&state);
+        crate::telemetry::collectors::record_build_info();
+        tasks.spawn(crate::telemetry::collectors::probe_loop(state.db.clone(), stop.clone()));
         if background {
             let cron = tokio_cron_scheduler::JobScheduler::new().await?;
             crate::cif::upkeep::schedule(&cron, &state.db, &state.pools, &state.upkeep).await?;

@@ -167,3 +167,44 @@ async fn serve_does_not_start_with_a_noop_provider_and_an_external_database() {
     let e = cifpool::startup::Application::build(s).await.err().expect("refused before connecting");
     assert!(format!("{e:#}").contains("allow_noop"), "{e:#}");
 }
+
+#[test]
+fn secrets_can_come_from_files_named_by_file_variables() {
+    use secrecy::ExposeSecret;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, content: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, content).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let url = write("database-url", "postgres://cifpool:s3cret@db:5432/cifpool\n");
+    let token = write("admin-token", "a-long-admin-token-from-a-file\n");
+    let auth = write("sms-authorization", "Bearer gateway-secret");
+    let env = |extra: Vec<(&str, String)>| {
+        let mut env = vec![
+            ("CIFPOOL_DATABASE__URL_FILE".to_string(), url.clone()),
+            ("CIFPOOL_SECURITY__ADMIN_TOKEN_FILE".to_string(), token.clone()),
+            ("CIFPOOL_QUEUE__PROVIDERS__SMS__AUTHORIZATION_FILE".to_string(), auth.clone()),
+        ];
+        env.extend(extra.into_iter().map(|(k, v)| (k.to_string(), v)));
+        env
+    };
+    let s = Settings::load_with_env(None, env(vec![])).unwrap();
+    assert_eq!(s.database.url.as_ref().unwrap().expose_secret(), "postgres://cifpool:s3cret@db:5432/cifpool");
+    assert_eq!(s.security.admin_token.as_ref().unwrap().expose_secret(), "a-long-admin-token-from-a-file");
+    let sms = &s.queue.providers["sms"];
+    assert_eq!(sms.authorization.as_ref().unwrap().expose_secret(), "Bearer gateway-secret");
+    // The master key file keeps its own meaning (a path), not a secret read by the loader.
+    let s = Settings::load_with_env(None, env(vec![("CIFPOOL_SECURITY__MASTER_KEY_FILE", "/run/k".into())])).unwrap();
+    assert_eq!(s.security.master_key_file.as_deref(), Some(std::path::Path::new("/run/k")));
+
+    // Both ways at once, or a file that cannot be read: an error naming the setting, never the secret.
+    let both = Settings::load_with_env(None, env(vec![("CIFPOOL_DATABASE__URL", "postgres://x@y/z".into())]));
+    let message = both.unwrap_err().to_string();
+    assert!(message.contains("database.url") && message.contains("CIFPOOL_DATABASE__URL_FILE"), "{message}");
+    let missing = dir.path().join("absent").to_str().unwrap().to_string();
+    let env = vec![("CIFPOOL_SECURITY__ADMIN_TOKEN_FILE".to_string(), missing)];
+    let message = Settings::load_with_env(None, env).unwrap_err().to_string();
+    assert!(message.contains("security.admin_token") && message.contains("cannot read"), "{message}");
+    assert!(!message.contains("a-long-admin-token"), "{message}");
+}

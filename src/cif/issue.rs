@@ -15,6 +15,7 @@ use crate::cif::{Pool, upkeep};
 
 /// Reserves one code of `pool` for `holder` on behalf of `actor` (see [`store::reserve`] for
 /// idempotency).
+#[tracing::instrument(name = "claim", skip_all, fields(pool = pool.name()))]
 pub async fn reserve(
     db: &PgPool,
     pool: &Arc<Pool>,

@@ -15,6 +15,7 @@ use std::time::Instant;
 use serde::Serialize;
 use sqlx::pool::PoolConnection;
 use sqlx::{Acquire, PgConnection, PgPool, Postgres};
+use tracing::Instrument;
 
 use crate::audit::{self, Actor, Event};
 use crate::cif::Pool;
@@ -188,73 +189,111 @@ async fn run_locked(
     summary.outcome = RefillOutcome::Refilled;
     let mut text = String::new();
     for _ in 0..batches {
-        let mut tx = conn.begin().await?;
-        // Take the next counters (row-locked); near the end of the domain, what is left. Only while the
-        // row still holds this instance's format and key check: counters advanced under another
-        // permutation would not be what the rest of the deployment decodes.
-        let (pinned, range): (bool, Option<(i64, i64)>) = {
-            let (pinned, start, end): (bool, Option<i64>, Option<i64>) = sqlx::query_as(
-                "WITH old AS ( \
-                    SELECT next_counter, (prefix, digits, check_scheme, key_id, key_check) \
-                           IS NOT DISTINCT FROM ($4::text, $5::int2, $6::text, $7::text, $8::text) AS pinned \
-                    FROM cif_pools WHERE id = $1 FOR UPDATE), \
-                 advanced AS ( \
-                    UPDATE cif_pools AS p SET next_counter = LEAST(old.next_counter + $2, $3), updated_at = now() \
-                    FROM old WHERE p.id = $1 AND old.pinned AND old.next_counter < $3 \
-                    RETURNING old.next_counter AS start, p.next_counter AS end_counter) \
-                 SELECT old.pinned, advanced.start, advanced.end_counter FROM old LEFT JOIN advanced ON true",
-            )
-            .bind(pool.id)
-            .bind(batch as i64)
-            .bind(domain)
-            .bind(&s.prefix)
-            .bind(s.digits as i16)
-            .bind(s.check.name())
-            .bind(&s.key_id)
-            .bind(&pool.key_check)
-            .fetch_one(&mut *tx)
-            .await?;
-            (pinned, start.zip(end))
-        };
-        if !pinned {
-            summary.outcome = RefillOutcome::Refused;
-            tracing::error!(
-                pool = pool.name(),
-                "refill refused: the pool's stored format or key check is not this instance's; restart the \
-                 instance to see which setting differs"
-            );
-            break;
-        }
-        let Some((start, end)) = range else {
-            if summary.codes_added == 0 {
-                summary.outcome = RefillOutcome::Exhausted;
+        let span = tracing::info_span!("refill batch", pool = pool.name(), codes = tracing::field::Empty);
+        let added = add_batch(conn, pool, &opts, batch, domain, &mut text).instrument(span.clone()).await?;
+        match added {
+            Batch::Refused => {
+                summary.outcome = RefillOutcome::Refused;
+                tracing::error!(
+                    pool = pool.name(),
+                    "refill refused: the pool's stored format or key check is not this instance's; restart the \
+                     instance to see which setting differs"
+                );
+                break;
             }
-            tracing::error!(pool = pool.name(), "pool domain exhausted: every counter has been generated");
-            break;
-        };
-        text.clear();
-        for counter in start..end {
-            let code = pool.codec.encode(counter as u64);
-            let _ = writeln!(text, "{}\t{counter}\t{code}", pool.id);
-        }
-        let mut copy = tx.copy_in_raw("COPY cif_codes (pool_id, counter, code) FROM STDIN").await?;
-        copy.send(text.as_bytes()).await?;
-        copy.finish().await?;
-        let detail = serde_json::json!({ "first_counter": start, "end_counter": end, "codes": end - start, "force": opts.force });
-        let event = Event {
-            action: audit::action::POOL_REFILLED,
-            pool: Some(pool.name()),
-            detail: Some(detail),
-            ..Default::default()
-        };
-        audit::record(&mut tx, &opts.actor, &event).await?;
-        tx.commit().await?;
-        summary.codes_added += (end - start) as u64;
-        summary.batches += 1;
-        if end >= domain {
-            tracing::error!(pool = pool.name(), "pool domain exhausted after this batch");
-            break;
+            Batch::Exhausted => {
+                if summary.codes_added == 0 {
+                    summary.outcome = RefillOutcome::Exhausted;
+                }
+                tracing::error!(pool = pool.name(), "pool domain exhausted: every counter has been generated");
+                break;
+            }
+            Batch::Added { start, end } => {
+                span.record("codes", end - start);
+                summary.codes_added += (end - start) as u64;
+                summary.batches += 1;
+                if end >= domain {
+                    tracing::error!(pool = pool.name(), "pool domain exhausted after this batch");
+                    break;
+                }
+            }
         }
     }
     Ok(())
+}
+
+/// What one refill batch did.
+enum Batch {
+    /// Codes for counters `start..end` were added.
+    Added { start: i64, end: i64 },
+    /// The pool row holds another format or key check: nothing added.
+    Refused,
+    /// No counter is left in the pool's domain.
+    Exhausted,
+}
+
+/// One refill transaction: advances the pool's counter by up to `batch`, copies the codes of those
+/// counters in, and records the audit event.
+async fn add_batch(
+    conn: &mut PgConnection,
+    pool: &Pool,
+    opts: &RefillOptions,
+    batch: u64,
+    domain: i64,
+    text: &mut String,
+) -> Result<Batch, sqlx::Error> {
+    let s = &pool.settings;
+    let mut tx = conn.begin().await?;
+    // Take the next counters (row-locked); near the end of the domain, what is left. Only while the
+    // row still holds this instance's format and key check: counters advanced under another
+    // permutation would not be what the rest of the deployment decodes.
+    let (pinned, range): (bool, Option<(i64, i64)>) = {
+        let (pinned, start, end): (bool, Option<i64>, Option<i64>) = sqlx::query_as(
+            "WITH old AS ( \
+                SELECT next_counter, (prefix, digits, check_scheme, key_id, key_check) \
+                       IS NOT DISTINCT FROM ($4::text, $5::int2, $6::text, $7::text, $8::text) AS pinned \
+                FROM cif_pools WHERE id = $1 FOR UPDATE), \
+             advanced AS ( \
+                UPDATE cif_pools AS p SET next_counter = LEAST(old.next_counter + $2, $3), updated_at = now() \
+                FROM old WHERE p.id = $1 AND old.pinned AND old.next_counter < $3 \
+                RETURNING old.next_counter AS start, p.next_counter AS end_counter) \
+             SELECT old.pinned, advanced.start, advanced.end_counter FROM old LEFT JOIN advanced ON true",
+        )
+        .bind(pool.id)
+        .bind(batch as i64)
+        .bind(domain)
+        .bind(&s.prefix)
+        .bind(s.digits as i16)
+        .bind(s.check.name())
+        .bind(&s.key_id)
+        .bind(&pool.key_check)
+        .fetch_one(&mut *tx)
+        .await?;
+        (pinned, start.zip(end))
+    };
+    if !pinned {
+        return Ok(Batch::Refused);
+    }
+    let Some((start, end)) = range else {
+        return Ok(Batch::Exhausted);
+    };
+    text.clear();
+    for counter in start..end {
+        let code = pool.codec.encode(counter as u64);
+        let _ = writeln!(text, "{}\t{counter}\t{code}", pool.id);
+    }
+    let mut copy = tx.copy_in_raw("COPY cif_codes (pool_id, counter, code) FROM STDIN").await?;
+    copy.send(text.as_bytes()).await?;
+    copy.finish().await?;
+    let detail =
+        serde_json::json!({ "first_counter": start, "end_counter": end, "codes": end - start, "force": opts.force });
+    let event = Event {
+        action: audit::action::POOL_REFILLED,
+        pool: Some(pool.name()),
+        detail: Some(detail),
+        ..Default::default()
+    };
+    audit::record(&mut tx, &opts.actor, &event).await?;
+    tx.commit().await?;
+    Ok(Batch::Added { start, end })
 }

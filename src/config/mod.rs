@@ -64,6 +64,8 @@ pub struct Settings {
     pub database: DatabaseSettings,
     /// `[log]`: format and filter.
     pub log: LogSettings,
+    /// `[telemetry]`: traces exported over OTLP.
+    pub telemetry: TelemetrySettings,
     /// Secrets and key material locations.
     pub security: SecuritySettings,
     /// CIF pools, one per customer type (`[[pools]]`).
@@ -133,6 +135,20 @@ pub struct LogSettings {
     pub level: String,
 }
 
+/// `[telemetry]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// OTLP/HTTP endpoint of a collector (e.g. `http://otel-collector:4318`); unset: no traces.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans.
+    pub service_name: String,
+    /// Share of new traces recorded (0 to 1); a request whose `traceparent` says sampled is always
+    /// recorded, so a caller's sampling decision holds through cifpool.
+    pub sample_ratio: f64,
+}
+
 /// `[security]`
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -181,6 +197,43 @@ pub fn redacted_url(url: &str) -> String {
     }
 }
 
+/// Whether `key` (dotted, lower case) holds a secret that may come from a file named by a `…_FILE`
+/// variable: the database URL, the admin token and the providers' `authorization` headers.
+fn is_file_secret(key: &str) -> bool {
+    matches!(key, "database.url" | "security.admin_token")
+        || key
+            .strip_prefix("queue.providers.")
+            .and_then(|rest| rest.strip_suffix(".authorization"))
+            .is_some_and(|name| !name.is_empty() && !name.contains('.'))
+}
+
+/// Replaces each `CIFPOOL_<SECRET>_FILE` override by the secret read from that file (trailing newline
+/// trimmed), so Kubernetes can mount secrets as files rather than expose them as environment variables.
+/// A file that cannot be read, or a secret given both ways, is an error naming the variable, never the
+/// content.
+fn read_secret_files(overrides: HashMap<String, String>) -> Result<HashMap<String, String>, ConfigError> {
+    let mut out = HashMap::with_capacity(overrides.len());
+    for (key, value) in &overrides {
+        let Some(secret) = key.strip_suffix("_file").filter(|k| is_file_secret(k)) else {
+            out.insert(key.clone(), value.clone());
+            continue;
+        };
+        let variable = format!("{ENV_PREFIX}_{}_FILE", secret.to_ascii_uppercase().replace('.', "__"));
+        if overrides.contains_key(secret) {
+            return Err(ConfigError::Invalid {
+                key: secret.to_string(),
+                message: format!("set both directly and through {variable}; keep one"),
+            });
+        }
+        let content = std::fs::read_to_string(value).map_err(|e| ConfigError::Invalid {
+            key: secret.to_string(),
+            message: format!("{variable}: cannot read {value}: {e}"),
+        })?;
+        out.insert(secret.to_string(), content.trim_end_matches(['\n', '\r']).to_string());
+    }
+    Ok(out)
+}
+
 impl Settings {
     /// Loads defaults, then `file` (if any), then the process environment.
     pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
@@ -213,6 +266,7 @@ impl Settings {
                 rest.contains("__").then(|| (rest.to_ascii_lowercase().replace("__", "."), v))
             })
             .collect();
+        let overrides = read_secret_files(overrides)?;
         for (key, value) in overrides {
             builder = builder.set_override(key, value)?;
         }
@@ -260,6 +314,18 @@ impl Settings {
         }
         if let Err(e) = self.log.level.parse::<tracing_subscriber::EnvFilter>() {
             return invalid("log.level", format!("not a tracing filter: {e}"));
+        }
+        let telemetry = &self.telemetry;
+        if let Some(endpoint) = &telemetry.otlp_endpoint
+            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+        {
+            return invalid("telemetry.otlp_endpoint", "must start with http:// or https:// (OTLP over HTTP)");
+        }
+        if !(0.0..=1.0).contains(&telemetry.sample_ratio) {
+            return invalid("telemetry.sample_ratio", "must be between 0 and 1");
+        }
+        if telemetry.service_name.is_empty() {
+            return invalid("telemetry.service_name", "must not be empty");
         }
         if let Some(token) = &self.security.admin_token
             && token.expose_secret().len() < 16

@@ -64,6 +64,9 @@ impl<S: Needs> FromRequestParts<AppState> for Authorized<S> {
             AuthError::Unauthenticated => ApiError::Unauthorized,
             AuthError::Database(e) => ApiError::Database(e),
         })?;
+        if let Some(slot) = parts.extensions.get::<crate::http::observe::CallerName>() {
+            slot.set(caller.name.clone());
+        }
         if !caller.has(S::SCOPE) {
             return Err(ApiError::Forbidden(format!("this API key lacks the {} scope", S::SCOPE)));
         }

@@ -29,7 +29,9 @@ async fn healthz() -> impl IntoResponse {
 
 /// Ready to take traffic: the database answers and carries the schema this binary needs.
 async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
-    match db::readiness(&state.db, READINESS_TIMEOUT).await {
+    let readiness = db::readiness(&state.db, READINESS_TIMEOUT).await;
+    crate::telemetry::collectors::record_readiness(&readiness);
+    match readiness {
         Readiness::Ready => Ok(axum::Json(json!({
             "status": "ready",
             "schema_version": db::latest_migration(),
@@ -48,6 +50,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
 
 /// Prometheus text exposition format.
 async fn metrics(State(state): State<AppState>) -> Response {
+    crate::telemetry::collectors::collect_on_scrape(&state.db);
     state.metrics.run_upkeep();
     (
         StatusCode::OK,

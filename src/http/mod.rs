@@ -7,15 +7,13 @@ pub mod cif;
 pub mod error;
 pub mod health;
 pub mod notifications;
+pub mod observe;
 
 use std::future::Future;
-use std::time::Instant;
 
 use axum::Router;
-use axum::extract::{MatchedPath, Request};
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::middleware;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 use tower_http::limit::RequestBodyLimitLayer;
@@ -30,13 +28,12 @@ use error::ApiError;
 pub fn app(state: AppState) -> Router {
     let server = &state.settings.server;
     let middleware = ServiceBuilder::new()
+        .layer(middleware::from_fn(observe::sanitize_request_id))
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-        .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
-            let request_id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("");
-            tracing::info_span!("http", method = %req.method(), uri = %req.uri().path(), request_id)
-        }))
+        // The access line is observe::record's, at info; tower-http's own events stay off.
+        .layer(TraceLayer::new_for_http().make_span_with(observe::request_span).on_response(()).on_failure(()))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(middleware::from_fn(record_metrics))
+        .layer(middleware::from_fn(observe::record))
         .layer(middleware::map_response(error::problem_for_plain_errors));
     let ordinary = Router::new()
         .merge(health::router())
@@ -55,21 +52,6 @@ pub fn app(state: AppState) -> Router {
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .layer(middleware)
         .with_state(state)
-}
-
-/// Request count and latency by route template (not raw path, which would explode cardinality).
-async fn record_metrics(req: Request, next: Next) -> Response {
-    let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned());
-    let method = req.method().to_string();
-    let started = Instant::now();
-    let response = next.run(req).await;
-    let route = route.unwrap_or_else(|| "unmatched".into());
-    let status = response.status().as_u16().to_string();
-    metrics::histogram!("cifpool_http_request_duration_seconds", "route" => route.clone(), "method" => method.clone())
-        .record(started.elapsed().as_secs_f64());
-    metrics::counter!("cifpool_http_requests_total", "route" => route, "method" => method, "status" => status)
-        .increment(1);
-    response
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves, then lets in-flight requests finish.

@@ -198,9 +198,9 @@ impl ProviderBudget {
 
     fn publish(&self, s: &Local) {
         let p = self.name.clone();
-        metrics::gauge!("cifpool_provider_limit", "provider" => p.clone()).set(s.limit.floor());
-        metrics::gauge!("cifpool_provider_share", "provider" => p.clone()).set(f64::from(s.cap));
-        metrics::gauge!("cifpool_provider_in_flight", "provider" => p.clone()).set(f64::from(s.in_flight));
+        metrics::gauge!("cifpool_provider_deployment_limit", "provider" => p.clone()).set(s.limit.floor());
+        metrics::gauge!("cifpool_provider_pod_share", "provider" => p.clone()).set(f64::from(s.cap));
+        metrics::gauge!("cifpool_provider_pod_in_flight", "provider" => p.clone()).set(f64::from(s.in_flight));
         let at_floor = if s.limit <= f64::from(self.min) { 1.0 } else { 0.0 };
         metrics::gauge!("cifpool_provider_limit_at_floor", "provider" => p.clone()).set(at_floor);
         let paused = s.paused_until.is_some_and(|u| u > Instant::now());

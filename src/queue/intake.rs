@@ -205,7 +205,7 @@ fn delay_or_shed(rt: &QueueRuntime, stats: &QueueStats, class: &str, jobs: u64) 
         Admission::Accept => Ok(Duration::ZERO),
         Admission::Defer(delay) => Ok(delay),
         Admission::Reject(retry_after) => {
-            metrics::counter!("cifpool_queue_rejected_total", "class" => class.to_string()).increment(jobs);
+            metrics::counter!("cifpool_queue_intake_rejected_total", "class" => class.to_string()).increment(jobs);
             Err(SubmitError::Overloaded { class: class.to_string(), retry_after })
         }
         Admission::WouldReject(excess) => {

@@ -98,7 +98,11 @@ impl HttpProvider {
 #[async_trait::async_trait]
 impl Provider for HttpProvider {
     async fn send(&self, message: &Message) -> Result<Delivery, SendError> {
-        let mut request = self.client.post(&self.url).header("idempotency-key", message.id.to_string()).json(message);
+        // The send span's trace context, so the gateway's own traces join this one.
+        let mut trace = reqwest::header::HeaderMap::new();
+        crate::telemetry::traces::inject_current(&mut trace);
+        let mut request =
+            self.client.post(&self.url).header("idempotency-key", message.id.to_string()).headers(trace).json(message);
         if let Some(auth) = &self.authorization {
             use secrecy::ExposeSecret;
             request = request.header(reqwest::header::AUTHORIZATION, auth.expose_secret());

@@ -107,6 +107,8 @@ impl WorkerGroup {
     }
 
     /// Claims up to `n` jobs of classes whose provider has a free slot.
+    // At debug: idle workers poll, and a span per empty poll would drown the traces that matter.
+    #[tracing::instrument(name = "claim", level = "debug", skip_all, fields(group = %self.policy.name, wanted = n))]
     pub async fn claim(&self, n: usize) -> Result<Vec<ClaimedJob>, sqlx::Error> {
         let mut classes = Vec::new();
         let mut caps = Vec::new();
@@ -156,6 +158,7 @@ impl WorkerGroup {
     }
 
     /// Sends a claimed job and records the result, fenced by its token.
+    #[tracing::instrument(name = "send", skip_all, fields(job = job.id, class = %job.class, attempt = job.attempt))]
     pub async fn process(&self, job: ClaimedJob) -> Result<Outcome, sqlx::Error> {
         let class = self.runtime.classes.get(&job.class).expect("claimed only configured classes");
         let labels = [("class", job.class.clone()), ("group", self.policy.name.clone())];

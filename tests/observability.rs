@@ -1,0 +1,216 @@
+//! What operators see of a running `cifpool serve`: one access-log line per request at the default
+//! level, request ids kept only when safe, traces exported over OTLP that continue the caller's
+//! `traceparent` and reach the provider call, and the build, readiness, process and pool metrics.
+
+mod common;
+
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use axum::routing::post;
+use common::{fresh_database, serve_command};
+use serde_json::json;
+
+/// What the capture server received: OTLP export bodies and the provider calls' `traceparent`s.
+#[derive(Clone, Default)]
+struct Captured {
+    exports: Arc<Mutex<Vec<Bytes>>>,
+    traceparents: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+/// One HTTP server playing both the OTLP collector (`POST /v1/traces`) and the SMS/push gateway
+/// (`POST /send`).
+async fn capture_server() -> (String, Captured) {
+    let captured = Captured::default();
+    let (exports, traceparents) = (captured.exports.clone(), captured.traceparents.clone());
+    let app = axum::Router::new()
+        .route(
+            "/v1/traces",
+            post(move |body: Bytes| async move {
+                exports.lock().unwrap().push(body);
+                ""
+            }),
+        )
+        .route(
+            "/send",
+            post(move |headers: HeaderMap| async move {
+                let tp = headers.get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string);
+                traceparents.lock().unwrap().push(tp);
+                axum::Json(json!({ "message_id": "m-1" }))
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, captured)
+}
+
+struct Serve {
+    child: Child,
+    base: String,
+    log: tempfile::NamedTempFile,
+}
+
+impl Serve {
+    /// Starts `serve` at the default log level (no `CIFPOOL_LOG__LEVEL`, no `RUST_LOG`), its stderr
+    /// in a file, and waits until it is ready.
+    async fn start(db_url: &str, provider_url: &str, extra: &[(&str, &str)]) -> Serve {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let mut cmd = serve_command(port, db_url, provider_url);
+        cmd.env_remove("CIFPOOL_LOG__LEVEL").env_remove("RUST_LOG").stdout(Stdio::null());
+        cmd.stderr(Stdio::from(log.reopen().unwrap()));
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        let ready_by = Instant::now() + Duration::from_secs(30);
+        let http = reqwest::Client::new();
+        while http.get(format!("{base}/readyz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+            assert!(Instant::now() < ready_by, "service never became ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Serve { child, base, log }
+    }
+
+    /// SIGTERM, wait for the exit, and return what it logged.
+    async fn stop(mut self) -> String {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let by = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < by, "did not exit after SIGTERM");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        std::fs::read_to_string(self.log.path()).unwrap()
+    }
+}
+
+async fn named_key(db: &sqlx::PgPool, name: &str) -> String {
+    let new = cifpool::auth::api_key::NewKey {
+        name: name.to_string(),
+        scopes: cifpool::auth::Scope::ALL.iter().map(|s| s.as_str().to_string()).collect(),
+        tenants: None,
+    };
+    cifpool::auth::api_key::create(db, &cifpool::audit::Actor::system(), &new).await.unwrap().key
+}
+
+#[tokio::test]
+async fn each_request_leaves_one_access_log_line_at_the_default_level() {
+    let db = fresh_database().await;
+    let key = named_key(&db.pool, "onboarding-pod").await;
+    let serve = Serve::start(&db.url, "http://127.0.0.1:9", &[]).await;
+    let http = common::client_with_key(&key);
+    let r = http.get(format!("{}/v1/pools", serve.base)).header("x-request-id", "req-0042").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-request-id"], "req-0042", "a short printable id is kept");
+    let r = reqwest::Client::new().get(format!("{}/v1/pools", serve.base)).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let unauthenticated_id = r.headers()["x-request-id"].to_str().unwrap().to_string();
+    // Ids that could forge log lines or are too long are replaced by a fresh one.
+    for bad in ["has space", "x".repeat(65).as_str(), "tab\there"] {
+        let r = reqwest::Client::new().get(format!("{}/healthz", serve.base)).header("x-request-id", bad).send().await;
+        let id = r.unwrap().headers()["x-request-id"].to_str().unwrap().to_string();
+        assert_ne!(id, bad);
+        assert!(uuid::Uuid::parse_str(&id).is_ok(), "replaced by a UUID, got {id:?}");
+    }
+    let log = serve.stop().await;
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("cifpool::access")).collect();
+    let mine: Vec<&&str> = lines.iter().filter(|l| l.contains("req-0042")).collect();
+    assert_eq!(mine.len(), 1, "one access line per request: {lines:#?}");
+    let line = mine[0];
+    for expected in
+        ["INFO", "GET /v1/pools 200", "route=/v1/pools", "status=200", "key=\"onboarding-pod\"", "latency_ms="]
+    {
+        assert!(line.contains(expected), "{expected:?} missing from {line}");
+    }
+    let refused: Vec<&&str> = lines.iter().filter(|l| l.contains(&unauthenticated_id)).collect();
+    assert_eq!(refused.len(), 1, "{lines:#?}");
+    assert!(refused[0].contains("status=401") && refused[0].contains("key=\"-\""), "{}", refused[0]);
+    assert!(!log.contains("has space"), "a refused request id never reaches the log");
+}
+
+#[tokio::test]
+async fn traces_continue_the_callers_traceparent_and_reach_the_provider_call() {
+    let db = fresh_database().await;
+    let key = named_key(&db.pool, "notifier").await;
+    let (capture, captured) = capture_server().await;
+    let serve = Serve::start(&db.url, &capture, &[("CIFPOOL_TELEMETRY__OTLP_ENDPOINT", &capture)]).await;
+    let http = common::client_with_key(&key);
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    // The pool fills right after start; until then a reservation is 503.
+    let by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = http
+            .post(format!("{}/v1/cif", serve.base))
+            .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+            .json(&json!({ "customer_type": "individual" }))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 201 {
+            break;
+        }
+        assert_eq!(r.status(), 503);
+        assert!(Instant::now() < by, "the pool never filled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let body = json!({ "class": "transactional", "tenant": "t", "recipient": "+84900000001" });
+    assert_eq!(http.post(format!("{}/v1/notifications", serve.base)).json(&body).send().await.unwrap().status(), 202);
+    let by = Instant::now() + Duration::from_secs(20);
+    while captured.traceparents.lock().unwrap().is_empty() {
+        if Instant::now() > by {
+            let jobs: Vec<(String, Option<String>)> =
+                sqlx::query_as("SELECT status, last_error FROM notification_jobs").fetch_all(&db.pool).await.unwrap();
+            let log = serve.stop().await;
+            panic!("the job was never sent: {jobs:?}\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    serve.stop().await;
+    // The provider call carried a W3C traceparent: version, 16-byte trace id, 8-byte span id, flags.
+    let sent = captured.traceparents.lock().unwrap()[0].clone().expect("the provider call carries traceparent");
+    let parts: Vec<&str> = sent.split('-').collect();
+    assert_eq!((parts.len(), parts[0], parts[1].len(), parts[2].len()), (4, "00", 32, 16), "{sent}");
+    // The exports (flushed at shutdown) hold the caller's trace and the send's, as raw 16-byte ids.
+    let exports = captured.exports.lock().unwrap().concat();
+    let contains = |hex_id: &str| {
+        let id = hex::decode(hex_id).unwrap();
+        exports.windows(id.len()).any(|w| w == id.as_slice())
+    };
+    assert!(!exports.is_empty(), "no spans were exported");
+    assert!(contains(trace_id), "the request span continues the caller's trace");
+    assert!(contains(parts[1]), "the send span that called the provider is exported");
+    for name in [&b"claim"[..], b"send", b"POST /v1/cif"] {
+        assert!(exports.windows(name.len()).any(|w| w == name), "no {} span", String::from_utf8_lossy(name));
+    }
+}
+
+#[tokio::test]
+async fn metrics_show_the_build_readiness_process_and_database_pool() {
+    let db = fresh_database().await;
+    let serve = Serve::start(&db.url, "http://127.0.0.1:9", &[]).await;
+    // The probe records an acquire within a second of start.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let text = reqwest::get(format!("{}/metrics", serve.base)).await.unwrap().text().await.unwrap();
+    serve.stop().await;
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(text.contains(&format!("cifpool_build_info{{version=\"{version}\",git_sha=\"")), "{text}");
+    for line in [
+        "cifpool_ready 1",
+        "cifpool_db_pool_connections{state=\"idle\"}",
+        "cifpool_db_pool_connections{state=\"in_use\"}",
+        "cifpool_db_pool_max_connections 16",
+        "cifpool_db_pool_acquire_seconds_bucket",
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "# HELP cifpool_provider_pod_share",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from /metrics");
+    }
+}
