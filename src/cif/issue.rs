@@ -10,11 +10,13 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::audit::Actor;
+use crate::cif::coalesce::{Coalescer, Shared};
 use crate::cif::store::{self, By, Confirmed, Reserved};
 use crate::cif::{Pool, upkeep};
 
-/// Reserves one code of `pool` for `holder` on behalf of `actor` (see [`store::reserve`] for
-/// idempotency).
+/// Reserves one code of `pool` for `holder` on behalf of `actor`: without an idempotency key through
+/// the pool's shared claim statements ([`crate::cif::coalesce`]), with one alone (see
+/// [`store::reserve`]).
 #[tracing::instrument(name = "claim", skip_all, fields(pool = pool.name()))]
 pub async fn reserve(
     db: &PgPool,
@@ -25,7 +27,18 @@ pub async fn reserve(
     upkeep: &TaskTracker,
 ) -> Result<Reserved, sqlx::Error> {
     let started = Instant::now();
-    let outcome = store::reserve(db, pool, holder, idempotency_key, actor).await?;
+    let outcome = match idempotency_key {
+        None => {
+            let coalescer = pool.coalescer.get_or_init(|| Coalescer::start(db.clone(), Arc::downgrade(pool)));
+            let request = store::Request { holder: holder.map(str::to_string), actor: actor.clone() };
+            match coalescer.reserve(request).await {
+                Shared::Reserved(r) => Reserved::Created(r),
+                Shared::Empty => Reserved::Empty,
+                Shared::RetryAlone => store::reserve(db, pool, holder, None, actor).await?,
+            }
+        }
+        Some(_) => store::reserve(db, pool, holder, idempotency_key, actor).await?,
+    };
     let name = pool.name().to_string();
     metrics::histogram!("cifpool_reservation_duration_seconds", "pool" => name.clone())
         .record(started.elapsed().as_secs_f64());

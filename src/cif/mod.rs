@@ -10,6 +10,7 @@
 //! - [`stats`]: pool depth for `/v1/pools`, the gauges and the watermark warnings.
 //! - [`upkeep`]: when refill, reclaim and the gauges run (schedules, on-demand triggers).
 
+pub mod coalesce;
 pub mod issue;
 pub mod pools;
 pub mod reclaim;

@@ -80,6 +80,8 @@ pub struct Pool {
     /// Whether this instance has a refill of the pool queued or running (one at a time is enough: a
     /// second would only learn from the advisory lock that the first is busy).
     pub(crate) refilling: AtomicBool,
+    /// The shared-statement reservations of this pool, started at the first reservation.
+    pub(crate) coalescer: std::sync::OnceLock<crate::cif::coalesce::Coalescer>,
 }
 
 impl Pool {
@@ -207,6 +209,7 @@ impl Pools {
                 last_depth_check_ms: AtomicI64::new(0),
                 last_empty_refill_ms: AtomicI64::new(0),
                 refilling: AtomicBool::new(false),
+                coalescer: std::sync::OnceLock::new(),
             });
             pools.by_name.insert(settings.name.clone(), pool.clone());
             pools.list.push(pool);

@@ -43,6 +43,76 @@ static RESERVE: LazyLock<String> = LazyLock::new(|| {
     audited(&claim, &insert_from(action::CIF_RESERVED, &columns, "done"), "code, lease_token, lease_expires_at")
 });
 
+/// Claim up to `$1` codes of pool `$3` at once, one per waiting reservation: the i-th claimed row (in
+/// claim order) goes to the i-th element of the holder `$4`, actor `$5` and request id `$6` arrays,
+/// with one audit row each (pool name `$7`). Returns each row's 1-based request index `rn`.
+static RESERVE_MANY: LazyLock<String> = LazyLock::new(|| {
+    let claim = CODES.claim_sql(&ClaimSpec {
+        free: AVAILABLE,
+        held: RESERVED,
+        filter: "pool_id = $3",
+        order_by: "pool_id, counter",
+        set: "holder = admitted.holder, reserved_at = now()",
+        returning: "t.code, t.lease_token, t.lease_expires_at, t.holder, admitted.rn, admitted.actor, \
+                    admitted.request_id",
+        carry: "",
+        gate: "numbered AS ( \
+                  SELECT pool_id, counter, row_number() OVER (ORDER BY pool_id, counter) AS rn FROM picked), \
+               admitted AS ( \
+                  SELECT n.pool_id, n.counter, r.rn, r.holder, r.actor, r.request_id FROM numbered n \
+                  JOIN unnest($4::text[], $5::text[], $6::text[]) WITH ORDINALITY \
+                       AS r(holder, actor, request_id, rn) ON r.rn = n.rn)",
+    });
+    let columns = Columns {
+        actor: "actor",
+        request_id: "request_id",
+        pool: "$7",
+        cif: "code",
+        holder: "holder",
+        ..Default::default()
+    };
+    audited(&claim, &insert_from(action::CIF_RESERVED, &columns, "done"), "rn, code, lease_token, lease_expires_at")
+});
+
+/// One reservation waiting to share a claim statement: who holds it and on whose behalf.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The pod or process named as holder.
+    pub holder: Option<String>,
+    /// The caller, for its audit row.
+    pub actor: Actor,
+}
+
+/// Reserves one code for each of `requests` in one statement (no idempotency keys: those take
+/// [`reserve`]). The answer is in request order; `None` where the pool ran out.
+pub async fn reserve_many(
+    db: &PgPool,
+    pool: &Pool,
+    requests: &[Request],
+) -> Result<Vec<Option<Reservation>>, sqlx::Error> {
+    let holders: Vec<Option<&str>> = requests.iter().map(|r| r.holder.as_deref()).collect();
+    let actors: Vec<&str> = requests.iter().map(|r| r.actor.name.as_str()).collect();
+    let request_ids: Vec<Option<&str>> = requests.iter().map(|r| r.actor.request_id.as_deref()).collect();
+    let rows = sqlx::query(sqlx::AssertSqlSafe(RESERVE_MANY.as_str()))
+        .bind(requests.len() as i64)
+        .bind(pool.settings.lease_ttl.as_secs_f64())
+        .bind(pool.id)
+        .bind(&holders)
+        .bind(&actors)
+        .bind(&request_ids)
+        .bind(pool.name())
+        .fetch_all(db)
+        .await?;
+    let mut out = vec![None; requests.len()];
+    for row in &rows {
+        let rn: i64 = row.get("rn");
+        if let Some(slot) = usize::try_from(rn - 1).ok().and_then(|i| out.get_mut(i)) {
+            *slot = Some(reservation(pool, row));
+        }
+    }
+    Ok(out)
+}
+
 /// The one-statement reservation the API runs, audit row included (binds: `$1` limit, `$2` lease
 /// seconds, `$3` pool id, `$4` holder, `$5` actor, `$6` request id, `$7` pool name), for benchmarks
 /// that compare the service with the same raw SQL.

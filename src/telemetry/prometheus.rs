@@ -168,6 +168,10 @@ fn describe() {
     );
     describe_histogram!("cifpool_queue_finish_batch_size", "Sent jobs finished together by one statement.");
     describe_histogram!(
+        "cifpool_reservation_batch_size",
+        "Reservations of a pool claimed by one shared statement, by pool."
+    );
+    describe_histogram!(
         "cifpool_provider_duration_seconds",
         Unit::Seconds,
         "Provider call latency, by provider and outcome."

@@ -1,0 +1,115 @@
+//! Reservations of one pool that arrive together share one claim statement, as a group commit: a
+//! flusher takes every reservation that queued while its previous statement ran (up to
+//! [`MOST_PER_STATEMENT`]), claims that many codes at once ([`store::reserve_many`]), and hands each
+//! request its own code, token and audit row. Under load that turns N statements into one; alone, a
+//! request waits for nobody (the flusher takes what is there and goes).
+//!
+//! Reservations with an idempotency key keep their own transaction ([`store::reserve`]): the key's
+//! insert must commit or roll back with its claim. If a shared statement fails, each of its requests
+//! is told to retry alone, so one bad moment is never many requests' error.
+
+use std::sync::{Arc, Weak};
+
+use sqlx::PgPool;
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use crate::cif::Pool;
+use crate::cif::store::{self, Request, Reservation};
+
+/// Most reservations one statement claims for (the statement's cost grows with it; 64 covers the
+/// request concurrency one pod sees).
+pub const MOST_PER_STATEMENT: usize = 64;
+
+/// Statements of one pool in flight at once on this instance: while one runs, the next batch gathers
+/// and the other flusher can already send it, so the database is never idle waiting for a round trip.
+const FLUSHERS: usize = 2;
+
+/// What a shared claim gave one request.
+#[derive(Debug)]
+pub enum Shared {
+    /// Its own new hold.
+    Reserved(Reservation),
+    /// The pool had no code left for it.
+    Empty,
+    /// The shared statement failed (or the flushers are gone): reserve alone.
+    RetryAlone,
+}
+
+struct Waiting {
+    request: Request,
+    reply: oneshot::Sender<Shared>,
+}
+
+/// The queue of a pool's waiting reservations and its flushers (which end when the pool is dropped).
+pub struct Coalescer {
+    queue: mpsc::UnboundedSender<Waiting>,
+}
+
+impl Coalescer {
+    /// Starts the flushers of `pool` on the current runtime.
+    pub fn start(db: PgPool, pool: Weak<Pool>) -> Coalescer {
+        let (queue, waiting) = mpsc::unbounded_channel();
+        let waiting = Arc::new(Mutex::new(waiting));
+        for _ in 0..FLUSHERS {
+            tokio::spawn(flush(db.clone(), pool.clone(), waiting.clone()));
+        }
+        Coalescer { queue }
+    }
+
+    /// Reserves through the next shared statement.
+    pub async fn reserve(&self, request: Request) -> Shared {
+        let (reply, answer) = oneshot::channel();
+        if self.queue.send(Waiting { request, reply }).is_err() {
+            return Shared::RetryAlone;
+        }
+        answer.await.unwrap_or(Shared::RetryAlone)
+    }
+}
+
+/// One flusher: takes what is waiting (holding the queue only while it gathers), claims for all of
+/// it, answers each. Ends when the pool (and with it the queue's sender) is gone.
+async fn flush(db: PgPool, pool: Weak<Pool>, waiting: Arc<Mutex<mpsc::UnboundedReceiver<Waiting>>>) {
+    let mut batch: Vec<Waiting> = Vec::with_capacity(MOST_PER_STATEMENT);
+    loop {
+        {
+            let mut queue = waiting.lock().await;
+            match queue.recv().await {
+                Some(first) => batch.push(first),
+                None => return,
+            }
+            while batch.len() < MOST_PER_STATEMENT {
+                match queue.try_recv() {
+                    Ok(next) => batch.push(next),
+                    Err(_) => break,
+                }
+            }
+        }
+        let Some(pool) = pool.upgrade() else { return };
+        // A request whose client went away no longer waits: claiming for it would strand a code
+        // until reclaim.
+        batch.retain(|w| !w.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let requests: Vec<Request> = batch.iter().map(|w| w.request.clone()).collect();
+        metrics::histogram!("cifpool_reservation_batch_size", "pool" => pool.name().to_string())
+            .record(requests.len() as f64);
+        match store::reserve_many(&db, &pool, &requests).await {
+            Ok(held) => {
+                for (w, reservation) in batch.drain(..).zip(held) {
+                    let answer = reservation.map_or(Shared::Empty, Shared::Reserved);
+                    if let Err(Shared::Reserved(r)) = w.reply.send(answer) {
+                        // The client left while the statement ran: the hold lapses at its lease.
+                        tracing::debug!(cif = %r.cif, "reservation's requester left; reclaim returns it");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(pool = pool.name(), error = %e, n = batch.len(), "shared claim failed; each retries alone");
+                for w in batch.drain(..) {
+                    let _ = w.reply.send(Shared::RetryAlone);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Reservations that arrive together share one claim statement, and each still gets its own code,
+//! token, holder and audit row; idempotency keys keep their own transaction.
+
+mod common;
+
+use std::collections::HashSet;
+
+use cifpool::audit::Actor;
+use cifpool::cif::refill::{RefillOptions, refill};
+use cifpool::cif::store::{Request, Reserved, reserve_many};
+use common::{fresh_database, spawn_passive_app, test_settings_with_pools};
+use serde_json::json;
+
+fn actor(i: usize) -> Actor {
+    Actor { name: format!("caller-{i}"), request_id: Some(format!("req-{i}")) }
+}
+
+#[tokio::test]
+async fn one_statement_reserves_for_many_each_with_its_own_holder_token_and_audit_row() {
+    let db = fresh_database().await;
+    let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
+    let pool = app.state.pools.get("individual").unwrap();
+    refill(&db.pool, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
+    let requests: Vec<Request> =
+        (0..5).map(|i| Request { holder: Some(format!("pod-{i}")), actor: actor(i) }).collect();
+    let held = reserve_many(&db.pool, pool, &requests).await.unwrap();
+    assert_eq!(held.len(), 5);
+    let held: Vec<_> = held.into_iter().map(|r| r.expect("the pool has codes")).collect();
+    assert_eq!(held.iter().map(|r| &r.cif).collect::<HashSet<_>>().len(), 5, "distinct codes");
+    assert_eq!(held.iter().map(|r| r.reservation_token).collect::<HashSet<_>>().len(), 5, "distinct tokens");
+    for (i, r) in held.iter().enumerate() {
+        let (holder, token): (Option<String>, uuid::Uuid) =
+            sqlx::query_as("SELECT holder, lease_token FROM cif_codes WHERE code = $1 AND state = 'reserved'")
+                .bind(&r.cif)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!((holder.as_deref(), token), (Some(format!("pod-{i}").as_str()), r.reservation_token));
+        let (actor, request_id, audit_holder): (String, Option<String>, Option<String>) = sqlx::query_as(
+            "SELECT actor, request_id, holder FROM audit_events WHERE action = 'cif.reserved' AND cif = $1",
+        )
+        .bind(&r.cif)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            (actor, request_id, audit_holder),
+            (format!("caller-{i}"), Some(format!("req-{i}")), Some(format!("pod-{i}")))
+        );
+    }
+
+    // With fewer codes left than requests, the first requests get them and the rest get none.
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM cif_codes WHERE pool_id = $1 AND state = 'available'")
+        .bind(pool.id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let requests: Vec<Request> = (0..left as usize + 3).map(|i| Request { holder: None, actor: actor(i) }).collect();
+    let held = reserve_many(&db.pool, pool, &requests).await.unwrap();
+    assert!(held[..left as usize].iter().all(Option::is_some));
+    assert!(held[left as usize..].iter().all(Option::is_none));
+}
+
+/// Reads `cifpool_reservation_batch_size_{count,sum}` for `pool` from the process's recorder.
+fn batch_statements(pool: &str) -> (f64, f64) {
+    let text = cifpool::telemetry::metrics_handle().render();
+    let read = |name: &str| {
+        let prefix = format!("{name}{{pool=\"{pool}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.parse().unwrap())
+    };
+    (read("cifpool_reservation_batch_size_count"), read("cifpool_reservation_batch_size_sum"))
+}
+
+#[tokio::test]
+async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_codes() {
+    let db = fresh_database().await;
+    let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
+    let pool = app.state.pools.get("business").unwrap();
+    refill(&db.pool, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
+    let (statements_before, reservations_before) = batch_statements("business");
+    // All 64 join the queue before the flusher runs (this test's runtime has one thread), so they
+    // take one statement (at most two, if a flusher wakes between sends).
+    let reservations =
+        (0..64).map(|i| {
+            let actor = actor(i);
+            let app = &app;
+            async move {
+                cifpool::cif::issue::reserve(&app.state.db, pool, Some("pod"), None, &actor, &app.state.upkeep).await
+            }
+        });
+    let results = futures_util::future::join_all(reservations).await;
+    let codes: HashSet<String> = results
+        .into_iter()
+        .map(|r| match r.unwrap() {
+            Reserved::Created(r) => r.cif,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(codes.len(), 64);
+    let (statements, reservations) = batch_statements("business");
+    assert_eq!(reservations - reservations_before, 64.0);
+    assert!(statements - statements_before <= 2.0, "{} statements for 64 reservations", statements - statements_before);
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT request_id) FROM audit_events WHERE action = 'cif.reserved' AND pool = 'business'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(audited, 64, "one audit row per reservation, with its own request id");
+}
+
+#[tokio::test]
+async fn sixty_four_concurrent_requests_with_sixteen_shared_keys_get_exactly_sixteen_codes() {
+    let db = fresh_database().await;
+    let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
+    let pool = app.state.pools.get("individual").unwrap();
+    refill(&db.pool, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let (client, url) = (app.client.clone(), app.url("/v1/cif"));
+            tokio::spawn(async move {
+                let r = client
+                    .post(url)
+                    .header("idempotency-key", format!("onboarding-{}", i % 16))
+                    .json(&json!({ "customer_type": "individual" }))
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(r.status() == 201 || r.status() == 200, "{}", r.status());
+                let body: serde_json::Value = r.json().await.unwrap();
+                (i % 16, body["cif"].as_str().unwrap().to_string())
+            })
+        })
+        .collect();
+    let mut by_key = std::collections::HashMap::<usize, HashSet<String>>::new();
+    for t in tasks {
+        let (key, cif) = t.await.unwrap();
+        by_key.entry(key).or_default().insert(cif);
+    }
+    assert_eq!(by_key.len(), 16);
+    assert!(by_key.values().all(|codes| codes.len() == 1), "one code per key: {by_key:?}");
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM cif_codes WHERE pool_id = $1 AND state = 'reserved'")
+        .bind(pool.id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(held, 16, "exactly sixteen codes held");
+}
