@@ -159,10 +159,31 @@ async fn traces_continue_the_callers_traceparent_and_reach_the_provider_call() {
         assert!(Instant::now() < by, "the pool never filled");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The notification's request carries a trace of its own: its send (another task, later) continues it.
+    let notify_trace = "0af7651916cd43dd8448eb211c80319c";
     let body = json!({ "class": "transactional", "tenant": "t", "recipient": "+84900000001" });
-    assert_eq!(http.post(format!("{}/v1/notifications", serve.base)).json(&body).send().await.unwrap().status(), 202);
+    let r = http
+        .post(format!("{}/v1/notifications", serve.base))
+        .header("traceparent", format!("00-{notify_trace}-b7ad6b7169203331-01"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    // A batch (the COPY path) keeps its request's trace for every job.
+    let batch_trace = "5c3e1f0a9b8d47e6a2f4c1d0e9b8a7f6";
+    let batch = json!({ "class": "transactional", "tenant": "t",
+        "jobs": [{ "recipient": "+84900000002" }, { "recipient": "+84900000003" }] });
+    let r = http
+        .post(format!("{}/v1/notifications/batch", serve.base))
+        .header("traceparent", format!("00-{batch_trace}-a1b2c3d4e5f60718-01"))
+        .json(&batch)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
     let by = Instant::now() + Duration::from_secs(20);
-    while captured.traceparents.lock().unwrap().is_empty() {
+    while captured.traceparents.lock().unwrap().len() < 3 {
         if Instant::now() > by {
             let jobs: Vec<(String, Option<String>)> =
                 sqlx::query_as("SELECT status, last_error FROM notification_jobs").fetch_all(&db.pool).await.unwrap();
@@ -172,10 +193,14 @@ async fn traces_continue_the_callers_traceparent_and_reach_the_provider_call() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     serve.stop().await;
-    // The provider call carried a W3C traceparent: version, 16-byte trace id, 8-byte span id, flags.
-    let sent = captured.traceparents.lock().unwrap()[0].clone().expect("the provider call carries traceparent");
+    // Each provider call carried a W3C traceparent: version, 16-byte trace id, 8-byte span id, flags.
+    let all: Vec<String> = captured.traceparents.lock().unwrap().iter().map(|t| t.clone().unwrap()).collect();
+    let traces: Vec<&str> = all.iter().map(|t| t.split('-').nth(1).unwrap()).collect();
+    assert_eq!(traces.iter().filter(|t| **t == batch_trace).count(), 2, "{all:?}");
+    let sent = all.iter().find(|t| !t.contains(batch_trace)).unwrap().clone();
     let parts: Vec<&str> = sent.split('-').collect();
     assert_eq!((parts.len(), parts[0], parts[1].len(), parts[2].len()), (4, "00", 32, 16), "{sent}");
+    assert_eq!(parts[1], notify_trace, "the provider call is in the trace of the request that enqueued the job");
     // The exports (flushed at shutdown) hold the caller's trace and the send's, as raw 16-byte ids.
     let exports = captured.exports.lock().unwrap().concat();
     let contains = |hex_id: &str| {

@@ -102,10 +102,10 @@ pub async fn enqueue_one(
     let id: Option<i64> = sqlx::query_scalar(
         "INSERT INTO notification_jobs \
             (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, idempotency_key, \
-             status) \
+             status, traceparent) \
          VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, \
                  greatest(now() + $8::float8 * interval '1 second', coalesce($11, now())), \
-                 clock_timestamp() + $9::float8 * interval '1 second', $10, $12) \
+                 clock_timestamp() + $9::float8 * interval '1 second', $10, $12, $13) \
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id",
     )
     .bind(&job.class)
@@ -120,6 +120,7 @@ pub async fn enqueue_one(
     .bind(&job.idempotency_key)
     .bind(job.run_at)
     .bind(initial_status(due))
+    .bind(crate::telemetry::traces::current_traceparent())
     .fetch_optional(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -234,6 +235,7 @@ async fn insert_keyed(
     rows: BatchRows<'_>,
 ) -> Result<BTreeMap<String, u64>, sqlx::Error> {
     let BatchRows { jobs, keys, due, delay, batch_id, .. } = rows;
+    let traceparent = crate::telemetry::traces::current_traceparent();
     let mut inserted: BTreeMap<String, u64> = BTreeMap::new();
     for (chunk_no, chunk) in jobs.chunks(CHUNK).enumerate() {
         let offset = chunk_no * CHUNK;
@@ -265,10 +267,10 @@ async fn insert_keyed(
         let counts: Vec<(String, i64)> = sqlx::query_as(
             "WITH ins AS (INSERT INTO notification_jobs \
                 (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, \
-                 idempotency_key, batch_id, status) \
+                 idempotency_key, batch_id, status, traceparent) \
              SELECT c, p, t, f, r, pl::jsonb, a, \
                     greatest(now() + $10::float8 * interval '1 second', coalesce(ra, now())), \
-                    clock_timestamp() + d * interval '1 second', k, $12, s \
+                    clock_timestamp() + d * interval '1 second', k, $12, s, $14 \
              FROM unnest($1::text[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::text[], $7::int4[], \
                          $8::float8[], $9::text[], $11::timestamptz[], $13::text[]) \
                   AS u(c, p, t, f, r, pl, a, d, k, ra, s) \
@@ -288,6 +290,7 @@ async fn insert_keyed(
         .bind(&run_at)
         .bind(batch_id)
         .bind(&status)
+        .bind(&traceparent)
         .fetch_all(&mut *tx)
         .await?;
         for (class, n) in counts {
@@ -319,9 +322,12 @@ async fn copy_unkeyed(
     let mut copy = tx
         .copy_in_raw(
             "COPY notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts, \
-             run_after, deadline, batch_id, status) FROM STDIN",
+             run_after, deadline, batch_id, status, traceparent) FROM STDIN",
         )
         .await?;
+    // One trace context for the whole batch: the request's (`\\N`, NULL, without traces).
+    let traceparent = crate::telemetry::traces::current_traceparent()
+        .map_or_else(|| "\\N".to_string(), |t| copy_escape(&t).into_owned());
     let mut text = String::with_capacity(COPY_CHUNK + 4096);
     for ((job, key), due) in jobs.iter().zip(keys).zip(due) {
         let class = &rt.classes[&job.class].settings;
@@ -332,7 +338,7 @@ async fn copy_unkeyed(
         let _ = write!(text, "{}\t{}\t", copy_escape(&job.class), class.priority);
         let _ = write!(text, "{}\t{key}\t{}\t", copy_escape(&job.tenant), copy_escape(&job.recipient));
         let _ = write!(text, "{}\t{}\t", copy_escape(job.payload.get()), class.max_attempts);
-        let _ = writeln!(text, "{run_after}\t{deadline}\t{batch_id}\t{}", initial_status(*due));
+        let _ = writeln!(text, "{run_after}\t{deadline}\t{batch_id}\t{}\t{traceparent}", initial_status(*due));
         *inserted.entry(job.class.as_str()).or_default() += 1;
         if text.len() >= COPY_CHUNK {
             copy.send(text.as_bytes()).await?;

@@ -52,6 +52,8 @@ pub struct ClaimedJob {
     pub created_at: DateTime<Utc>,
     /// When a worker first claimed it (kept across retries).
     pub picked_at: DateTime<Utc>,
+    /// The enqueuing request's W3C trace context, when traces were on: the send continues its trace.
+    pub traceparent: Option<String>,
 }
 
 impl From<&ClaimedJob> for crate::queue::provider::Message {
@@ -132,7 +134,7 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool) -> String {
 
 const CLAIM_SET: &str = "attempts = t.attempts + 1, picked_at = coalesce(t.picked_at, clock_timestamp())";
 const CLAIM_RETURNING: &str = "t.id, t.class, t.tenant, t.recipient, t.payload, t.attempts, t.max_attempts, \
-     t.deadline, t.lease_token, t.created_at, t.picked_at";
+     t.deadline, t.lease_token, t.created_at, t.picked_at, t.traceparent";
 
 /// Takes the claim locks of `$1` (class names), in a fixed order: claims of one class run one after
 /// another (finishes never wait for them), so each counts the in-flight jobs the previous one left.
@@ -190,6 +192,7 @@ pub async fn claim(
             token: r.get("lease_token"),
             created_at: r.get("created_at"),
             picked_at: r.get("picked_at"),
+            traceparent: r.get("traceparent"),
         })
         .collect())
 }

@@ -9,6 +9,7 @@ use rand::Rng;
 use sqlx::PgPool;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::claim::Fenced;
 use crate::queue::finish::Finisher;
@@ -157,9 +158,17 @@ impl WorkerGroup {
         }
     }
 
-    /// Sends a claimed job and records the result, fenced by its token.
-    #[tracing::instrument(name = "send", skip_all, fields(job = job.id, class = %job.class, attempt = job.attempt))]
+    /// Sends a claimed job and records the result, fenced by its token, in a `send` span that continues
+    /// the trace of the request that enqueued the job (when traces are on).
     pub async fn process(&self, job: ClaimedJob) -> Result<Outcome, sqlx::Error> {
+        let span = tracing::info_span!("send", job = job.id, class = %job.class, attempt = job.attempt);
+        if let Some(traceparent) = &job.traceparent {
+            crate::telemetry::traces::continue_from_traceparent(&span, traceparent);
+        }
+        self.send_and_finish(job).instrument(span).await
+    }
+
+    async fn send_and_finish(&self, job: ClaimedJob) -> Result<Outcome, sqlx::Error> {
         let class = self.runtime.classes.get(&job.class).expect("claimed only configured classes");
         let labels = [("class", job.class.clone()), ("group", self.policy.name.clone())];
         if job.attempt == 1 {

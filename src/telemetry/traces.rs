@@ -80,6 +80,22 @@ pub fn inject_current(headers: &mut http::HeaderMap) {
     global::get_text_map_propagator(|p| p.inject_context(&context, &mut HeaderInjector(headers)));
 }
 
+/// The current span's W3C `traceparent`, when it belongs to a trace (traces on); kept with a queued job
+/// so that its send continues the enqueuing request's trace.
+pub fn current_traceparent() -> Option<String> {
+    let context = tracing::Span::current().context();
+    let mut carrier = std::collections::HashMap::new();
+    global::get_text_map_propagator(|p| p.inject_context(&context, &mut carrier));
+    carrier.remove("traceparent")
+}
+
+/// Makes `span` a child of a stored W3C `traceparent` (a queued job's).
+pub fn continue_from_traceparent(span: &tracing::Span, traceparent: &str) {
+    let carrier = std::collections::HashMap::from([("traceparent".to_string(), traceparent.to_string())]);
+    let parent = global::get_text_map_propagator(|p| p.extract(&carrier));
+    let _ = span.set_parent(parent);
+}
+
 /// The OTLP exporter's HTTP client: the batch exporter runs on a thread of its own with no Tokio
 /// reactor, so each export is spawned onto the service's runtime and awaited from there.
 #[derive(Debug)]
