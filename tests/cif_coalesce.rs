@@ -78,8 +78,9 @@ async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_code
     let pool = app.state.pools.get("business").unwrap();
     refill(&db.pool, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
     let (statements_before, reservations_before) = batch_statements("business");
-    // All 64 join the queue before the flusher runs (this test's runtime has one thread), so they
-    // take one statement (at most two, if a flusher wakes between sends).
+    // The first finds no statement running and claims alone; the other 63 join the queue before a
+    // flusher runs (this test's runtime has one thread), so they take one statement (two, if a flusher
+    // wakes between sends).
     let reservations =
         (0..64).map(|i| {
             let actor = actor(i);
@@ -99,7 +100,7 @@ async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_code
     assert_eq!(codes.len(), 64);
     let (statements, reservations) = batch_statements("business");
     assert_eq!(reservations - reservations_before, 64.0);
-    assert!(statements - statements_before <= 2.0, "{} statements for 64 reservations", statements - statements_before);
+    assert!(statements - statements_before <= 3.0, "{} statements for 64 reservations", statements - statements_before);
     let audited: i64 = sqlx::query_scalar(
         "SELECT count(DISTINCT request_id) FROM audit_events WHERE action = 'cif.reserved' AND pool = 'business'",
     )

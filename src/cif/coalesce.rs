@@ -8,6 +8,7 @@
 //! insert must commit or roll back with its claim. If a shared statement fails, each of its requests
 //! is told to retry alone, so one bad moment is never many requests' error.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use sqlx::PgPool;
@@ -22,7 +23,7 @@ pub const MOST_PER_STATEMENT: usize = 64;
 
 /// Statements of one pool in flight at once on this instance: while one runs, the next batch gathers
 /// and the other flusher can already send it, so the database is never idle waiting for a round trip.
-const FLUSHERS: usize = 2;
+const FLUSHERS: usize = 4;
 
 /// What a shared claim gave one request.
 #[derive(Debug)]
@@ -43,6 +44,8 @@ struct Waiting {
 /// The queue of a pool's waiting reservations and its flushers (which end when the pool is dropped).
 pub struct Coalescer {
     queue: mpsc::UnboundedSender<Waiting>,
+    /// Claim statements of this pool running now (shared or alone).
+    busy: Arc<AtomicUsize>,
 }
 
 impl Coalescer {
@@ -50,10 +53,23 @@ impl Coalescer {
     pub fn start(db: PgPool, pool: Weak<Pool>) -> Coalescer {
         let (queue, waiting) = mpsc::unbounded_channel();
         let waiting = Arc::new(Mutex::new(waiting));
+        let busy = Arc::new(AtomicUsize::new(0));
         for _ in 0..FLUSHERS {
-            tokio::spawn(flush(db.clone(), pool.clone(), waiting.clone()));
+            tokio::spawn(flush(db.clone(), pool.clone(), waiting.clone(), busy.clone()));
         }
-        Coalescer { queue }
+        Coalescer { queue, busy }
+    }
+
+    /// Whether no claim statement of the pool is running: then a request has nobody to share with and
+    /// claims alone, without the hop to a flusher. Claims the slot when it answers yes; the caller
+    /// gives it back with [`Coalescer::done_alone`].
+    pub fn idle(&self) -> bool {
+        self.busy.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
+    /// Ends a claim taken alone after [`Coalescer::idle`].
+    pub fn done_alone(&self) {
+        self.busy.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Reserves through the next shared statement.
@@ -68,7 +84,12 @@ impl Coalescer {
 
 /// One flusher: takes what is waiting (holding the queue only while it gathers), claims for all of
 /// it, answers each. Ends when the pool (and with it the queue's sender) is gone.
-async fn flush(db: PgPool, pool: Weak<Pool>, waiting: Arc<Mutex<mpsc::UnboundedReceiver<Waiting>>>) {
+async fn flush(
+    db: PgPool,
+    pool: Weak<Pool>,
+    waiting: Arc<Mutex<mpsc::UnboundedReceiver<Waiting>>>,
+    busy: Arc<AtomicUsize>,
+) {
     let mut batch: Vec<Waiting> = Vec::with_capacity(MOST_PER_STATEMENT);
     loop {
         {
@@ -94,7 +115,10 @@ async fn flush(db: PgPool, pool: Weak<Pool>, waiting: Arc<Mutex<mpsc::UnboundedR
         let requests: Vec<Request> = batch.iter().map(|w| w.request.clone()).collect();
         metrics::histogram!("cifpool_reservation_batch_size", "pool" => pool.name().to_string())
             .record(requests.len() as f64);
-        match store::reserve_many(&db, &pool, &requests).await {
+        busy.fetch_add(1, Ordering::AcqRel);
+        let claimed = store::reserve_many(&db, &pool, &requests).await;
+        busy.fetch_sub(1, Ordering::AcqRel);
+        match claimed {
             Ok(held) => {
                 for (w, reservation) in batch.drain(..).zip(held) {
                     let answer = reservation.map_or(Shared::Empty, Shared::Reserved);

@@ -30,11 +30,18 @@ pub async fn reserve(
     let outcome = match idempotency_key {
         None => {
             let coalescer = pool.coalescer.get_or_init(|| Coalescer::start(db.clone(), Arc::downgrade(pool)));
-            let request = store::Request { holder: holder.map(str::to_string), actor: actor.clone() };
-            match coalescer.reserve(request).await {
-                Shared::Reserved(r) => Reserved::Created(r),
-                Shared::Empty => Reserved::Empty,
-                Shared::RetryAlone => store::reserve(db, pool, holder, None, actor).await?,
+            if coalescer.idle() {
+                metrics::histogram!("cifpool_reservation_batch_size", "pool" => pool.name().to_string()).record(1.0);
+                let alone = store::reserve(db, pool, holder, None, actor).await;
+                coalescer.done_alone();
+                alone?
+            } else {
+                let request = store::Request { holder: holder.map(str::to_string), actor: actor.clone() };
+                match coalescer.reserve(request).await {
+                    Shared::Reserved(r) => Reserved::Created(r),
+                    Shared::Empty => Reserved::Empty,
+                    Shared::RetryAlone => store::reserve(db, pool, holder, None, actor).await?,
+                }
             }
         }
         Some(_) => store::reserve(db, pool, holder, idempotency_key, actor).await?,
