@@ -107,10 +107,16 @@ async fn get_job(
     Path(id): Path<String>,
 ) -> Result<Json<JobView>, ApiError> {
     let id = parse_id(&id, "job")?;
+    Ok(Json(visible_job(&state, &auth, id).await?))
+}
+
+/// Job `id` if it exists and the caller may act for its tenant; a key may not even learn how far
+/// another tenant's job got.
+async fn visible_job<S>(state: &AppState, auth: &Authorized<S>, id: i64) -> Result<JobView, ApiError> {
     let job =
         store::get_job(&state.db, id).await?.ok_or_else(|| ApiError::NotFound(format!("no notification {id}")))?;
     auth.check_tenant(&job.tenant)?;
-    Ok(Json(job))
+    Ok(job)
 }
 
 fn parse_id(id: &str, what: &str) -> Result<i64, ApiError> {
@@ -123,10 +129,8 @@ async fn cancel_job(
     Path(id): Path<String>,
 ) -> Result<Json<JobView>, ApiError> {
     let id = parse_id(&id, "job")?;
-    // The tenant check comes before the cancel: a key may not even learn how far another tenant's job got.
-    let job =
-        store::get_job(&state.db, id).await?.ok_or_else(|| ApiError::NotFound(format!("no notification {id}")))?;
-    auth.check_tenant(&job.tenant)?;
+    // The tenant check comes before the cancel.
+    visible_job(&state, &auth, id).await?;
     match cancel::cancel_job(&state.db, id, &auth.actor).await? {
         Canceled::Now(job) | Canceled::Already(job) => Ok(Json(job)),
         Canceled::TooLate(job) => {

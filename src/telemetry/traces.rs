@@ -83,7 +83,12 @@ pub fn inject_current(headers: &mut http::HeaderMap) {
 /// The current span's W3C `traceparent`, when it belongs to a trace (traces on); kept with a queued job
 /// so that its send continues the enqueuing request's trace.
 pub fn current_traceparent() -> Option<String> {
+    use opentelemetry::trace::TraceContextExt as _;
     let context = tracing::Span::current().context();
+    // Without traces (the common case) there is no trace to carry: skip the propagator.
+    if !context.span().span_context().is_valid() {
+        return None;
+    }
     let mut carrier = std::collections::HashMap::new();
     global::get_text_map_propagator(|p| p.inject_context(&context, &mut carrier));
     carrier.remove("traceparent")
