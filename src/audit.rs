@@ -69,6 +69,10 @@ pub mod action {
     pub const DLQ_RETRIED: &str = "dlq.retried";
     /// One dead letter was discarded (detail: job).
     pub const DLQ_DISCARDED: &str = "dlq.discarded";
+    /// An admin signed in to the operations console (the actor is the key that signed in).
+    pub const CONSOLE_SIGNED_IN: &str = "console.signed_in";
+    /// An admin signed out of the operations console.
+    pub const CONSOLE_SIGNED_OUT: &str = "console.signed_out";
 }
 
 /// The statement `statement` (whose `RETURNING` rows are the CTE `done`) followed, in the same

@@ -22,6 +22,7 @@
 //! - [`db`]: the database (external or the embedded cluster), connection pool, migrations, readiness.
 //! - [`startup`]: [`startup::Application`], settings turned into a running service.
 //! - [`http`]: the router ([`http::app`]), `serve`, and the problem+json error type.
+//! - [`console`]: the operations console at `/console` (server-rendered pages for admins).
 //! - [`state`]: the state every handler and background job shares.
 //! - [`telemetry`]: logs (with one access line per request), OTLP traces, the Prometheus recorder and
 //!   the process, database-pool and build gauges.
@@ -38,6 +39,7 @@ pub mod claim;
 pub mod cli;
 pub mod code;
 pub mod config;
+pub mod console;
 pub mod db;
 pub mod http;
 pub mod keys;

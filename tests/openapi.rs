@@ -6,7 +6,8 @@
 //! `.route("PATH", METHOD(..).METHOD(..))`. Forms the scanner does not understand (`nest`,
 //! `route_service`, `any`, a path that is not a literal, …) fail the test with their location, so a
 //! new way of registering routes cannot slip past it unnoticed. Other servers in `src/` (test doubles
-//! such as the fake notification provider) are not part of the service and are not scanned.
+//! such as the fake notification provider) are not part of the service and are not scanned; nor is the
+//! operations console (`src/console/`), whose HTML routes are for browsers, not API clients.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -81,6 +81,17 @@ pub async fn reclaim(
         .execute(db)
         .await?
         .rows_affected();
+    // When reclaim last ran on each pool it swept, and what it returned (the console's Pools page).
+    let swept: Vec<i16> = pools.iter().map(|p| p.id).filter(|id| only.is_none_or(|o| o == *id)).collect();
+    let returned: Vec<i64> = swept.iter().map(|id| by_id.get(id).copied().unwrap_or(0) as i64).collect();
+    sqlx::query(
+        "UPDATE cif_pools p SET last_reclaim_at = now(), last_reclaim_returned = r.n \
+           FROM unnest($1::int2[], $2::int8[]) AS r(id, n) WHERE p.id = r.id",
+    )
+    .bind(&swept)
+    .bind(&returned)
+    .execute(db)
+    .await?;
     let mut reclaimed = BTreeMap::new();
     for (id, n) in by_id {
         let name = pools.iter().find(|p| p.id == id).map_or_else(|| format!("pool#{id}"), |p| p.name().to_string());

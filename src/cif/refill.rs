@@ -142,6 +142,9 @@ pub async fn refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result<Ref
     };
     if let Some(mut lock) = RefillLock::try_take(db, pool).await? {
         run_locked(lock.conn(), pool, opts, &mut summary).await?;
+        if summary.outcome != RefillOutcome::Refused {
+            record_run(lock.conn(), pool.id, summary.codes_added).await?;
+        }
         lock.release().await?;
     }
     summary.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -153,6 +156,16 @@ pub async fn refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result<Ref
         "outcome" => summary.outcome.label())
     .increment(1);
     Ok(summary)
+}
+
+/// Notes on the pool's row when a refill last ran and what it added (the console's Pools page).
+async fn record_run(conn: &mut PgConnection, pool_id: i16, added: u64) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE cif_pools SET last_refill_at = now(), last_refill_added = $2 WHERE id = $1")
+        .bind(pool_id)
+        .bind(added as i64)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Available codes of `pool`, counting no further than `limit` (cheap on a deep pool).

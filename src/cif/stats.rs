@@ -104,3 +104,28 @@ pub fn note_depth(pool: &crate::cif::Pool, available: u64) {
         }
     }
 }
+
+/// When refill and reclaim last ran on a pool (any pod) and what they did.
+#[derive(Debug, Clone, Default, Serialize, sqlx::FromRow)]
+pub struct PoolUpkeep {
+    /// Customer type.
+    pub customer_type: String,
+    /// End of the last refill that took the pool's lock.
+    pub last_refill_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Codes that refill added (0: the pool was above its watermark).
+    pub last_refill_added: Option<i64>,
+    /// End of the last reclaim that swept the pool.
+    pub last_reclaim_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Expired holds that reclaim returned.
+    pub last_reclaim_returned: Option<i64>,
+}
+
+/// Reads when refill and reclaim last ran, per pool in the database.
+pub async fn pool_upkeep(db: &PgPool) -> Result<Vec<PoolUpkeep>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT name AS customer_type, last_refill_at, last_refill_added, last_reclaim_at, last_reclaim_returned \
+           FROM cif_pools ORDER BY name",
+    )
+    .fetch_all(db)
+    .await
+}

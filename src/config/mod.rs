@@ -73,6 +73,37 @@ pub struct Settings {
     pub pools: Vec<PoolSettings>,
     /// `[queue]`: the notification queue, its classes, worker groups and providers.
     pub queue: QueueSettings,
+    /// `[console]`: the operations console at `/console`.
+    pub console: ConsoleSettings,
+}
+
+/// `[console]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleSettings {
+    /// Serve `/console` (off: every console path is 404).
+    pub enabled: bool,
+    /// A session ends this long after sign-in, however active.
+    #[serde(with = "humantime_serde")]
+    pub session_ttl: Duration,
+    /// A session ends after this long without a request.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// When the session cookie carries `Secure`.
+    pub secure_cookie: SecureCookie,
+}
+
+/// When the console's session cookie is marked `Secure` (sent over HTTPS only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SecureCookie {
+    /// When the request came over TLS to the proxy in front (`X-Forwarded-Proto: https`): cifpool
+    /// itself serves plain HTTP behind an ingress.
+    Auto,
+    /// Always (a browser then keeps the cookie only over HTTPS).
+    Always,
+    /// Never (local development over plain HTTP).
+    Never,
 }
 
 /// `[server]`
@@ -314,6 +345,13 @@ impl Settings {
         }
         if let Err(e) = self.log.level.parse::<tracing_subscriber::EnvFilter>() {
             return invalid("log.level", format!("not a tracing filter: {e}"));
+        }
+        let console = &self.console;
+        if console.session_ttl < Duration::from_secs(60) || console.session_ttl > Duration::from_secs(7 * 86_400) {
+            return invalid("console.session_ttl", "must be between 1 minute and 7 days");
+        }
+        if console.idle_timeout < Duration::from_secs(60) || console.idle_timeout > console.session_ttl {
+            return invalid("console.idle_timeout", "must be at least 1 minute and at most console.session_ttl");
         }
         let telemetry = &self.telemetry;
         if let Some(endpoint) = &telemetry.otlp_endpoint

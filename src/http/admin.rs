@@ -225,17 +225,10 @@ async fn set_pause(
     name: String,
     paused: bool,
 ) -> Result<Json<PauseAnswer>, ApiError> {
-    let known = match kind {
-        PauseKind::Class => state.queue.classes.contains_key(&name),
-        PauseKind::Provider => state.queue.providers.contains_key(&name),
-    };
-    if !known {
-        return Err(ApiError::NotFound(format!("no {} named {name:?}", kind.as_str())));
+    match pause::set_configured(&state.db, &state.queue, kind, &name, paused, &auth.actor).await? {
+        Some(changed) => Ok(Json(PauseAnswer { kind, name, paused, changed })),
+        None => Err(ApiError::NotFound(format!("no {} named {name:?}", kind.as_str()))),
     }
-    let changed = pause::set(&state.db, kind, &name, paused, &auth.actor).await?;
-    state.queue.note_pause(kind, &name, paused);
-    tracing::info!(kind = kind.as_str(), name, paused, changed, actor = %auth.actor.name, "queue pause");
-    Ok(Json(PauseAnswer { kind, name, paused, changed }))
 }
 
 async fn pause_class(

@@ -158,8 +158,8 @@ fn slug_for(status: StatusCode) -> &'static str {
     }
 }
 
-/// Middleware: turns any 4xx/5xx response that is not already problem+json into one, keeping the
-/// status and headers and using the original text as the detail.
+/// Middleware: turns any 4xx/5xx response that is not already problem+json (or an HTML page of the
+/// console) into one, keeping the status and headers and using the original text as the detail.
 pub async fn problem_for_plain_errors<B>(response: axum::http::Response<B>) -> Response
 where
     B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + 'static,
@@ -174,7 +174,7 @@ where
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with(PROBLEM_JSON));
+        .is_some_and(|v| v.starts_with(PROBLEM_JSON) || v.starts_with("text/html"));
     if is_problem {
         return response;
     }

@@ -40,6 +40,7 @@ pub fn app(state: AppState) -> Router {
         .merge(cif::router())
         .merge(admin::router())
         .merge(notifications::router())
+        .merge(crate::console::router(&state))
         .layer(RequestBodyLimitLayer::new(server.body_limit_bytes))
         .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, server.request_timeout));
     let queue = &state.settings.queue;

@@ -106,6 +106,26 @@ pub async fn list(db: &PgPool, filter: &DlqFilter, limit: i64) -> Result<Vec<Dea
         .await
 }
 
+static COUNT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT count(*) FROM (SELECT 1 FROM notification_jobs WHERE status = {dead} AND {FILTER} LIMIT $1) AS d",
+        dead = JobStatus::Dead.sql()
+    )
+});
+
+/// How many dead jobs match `filter`, counting no further than `limit` (what a replay of at most
+/// `limit` would take, told to an operator before they confirm it).
+pub async fn count(db: &PgPool, filter: &DlqFilter, limit: i64) -> Result<u64, sqlx::Error> {
+    let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(COUNT.as_str()))
+        .bind(limit)
+        .bind(&filter.class)
+        .bind(&filter.tenant)
+        .bind(&filter.error)
+        .fetch_one(db)
+        .await?;
+    Ok(n as u64)
+}
+
 /// A replay: which dead jobs, how many, and how fast they become due again.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct Replay {
