@@ -389,3 +389,38 @@ async fn sign_out_and_expiry_end_a_session() {
         .unwrap();
     assert_eq!(browser.get("/console/pools").await.status, StatusCode::SEE_OTHER, "past its lifetime");
 }
+
+#[tokio::test]
+async fn every_action_refuses_a_form_without_the_csrf_token() {
+    let e = env().await;
+    e.sms.fake.set_behaviour(FakeBehaviour { reject_rate: 1.0, ..Default::default() });
+    let dead = e.enqueue("transactional", "bank", 1).await[0].to_string();
+    drain(&e.group(Strategy::Priority, 0)).await;
+    let mut browser = Browser::new(&e);
+    browser.sign_in(&e.app.key).await;
+    let name = key_name(&e, &e.app.key).await;
+    let audit_count = || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_events").fetch_one(&e.db.pool).await.unwrap();
+        n
+    };
+    let before = audit_count().await;
+    let actions: Vec<(String, Vec<(&str, &str)>)> = vec![
+        ("/console/pools/individual/refill".into(), vec![("force", "1")]),
+        ("/console/pools/individual/reclaim".into(), vec![]),
+        ("/console/queue/classes/promo/pause".into(), vec![]),
+        ("/console/queue/providers/sms/pause".into(), vec![]),
+        (format!("/console/dead-letters/{dead}/retry"), vec![]),
+        (format!("/console/dead-letters/{dead}/discard"), vec![]),
+        ("/console/dead-letters/replay/preview".into(), vec![("rate_per_sec", "1"), ("max", "10")]),
+        ("/console/dead-letters/replay".into(), vec![("rate_per_sec", "1"), ("max", "10")]),
+        ("/console/keys".into(), vec![("name", "sneaky"), ("scope", "admin")]),
+        (format!("/console/keys/{name}/revoke"), vec![]),
+        ("/console/sign-out".into(), vec![]),
+    ];
+    for (path, form) in &actions {
+        let page = browser.post(path, form).await;
+        assert_eq!(page.status, StatusCode::FORBIDDEN, "{path} without a CSRF token");
+    }
+    assert_eq!(audit_count().await, before, "no action was taken");
+    assert_eq!(browser.get("/console/pools").await.status, StatusCode::OK, "still signed in");
+}
