@@ -43,8 +43,8 @@ pub struct QueueSettings {
     /// Body limit of the batch endpoint, in bytes.
     pub batch_body_limit_bytes: usize,
     /// Batch requests one instance receives at once; more are answered 429 with `Retry-After`. Each
-    /// holds its body and the parsed jobs in memory, so this with `batch_body_limit_bytes` bounds a
-    /// pod's memory (see OPERATIONS.md for measured figures).
+    /// streams in holding a database connection, its transaction and a few MiB of chunks (see
+    /// OPERATIONS.md for measured figures).
     #[serde(default = "default_max_concurrent_batches")]
     pub max_concurrent_batches: usize,
     /// Request deadline of the batch endpoint (a 500,000-job batch takes seconds).

@@ -11,8 +11,9 @@ use serde::Serialize;
 
 use crate::http::auth::{Authorized, needs};
 use crate::http::error::ApiError;
+use crate::queue::batch;
 use crate::queue::cancel::{self, Canceled};
-use crate::queue::intake::{self, BatchRequest, NewJob, SubmitError};
+use crate::queue::intake::{self, NewJob, SubmitError};
 use crate::queue::store::{self, JobView};
 use crate::state::AppState;
 
@@ -35,8 +36,9 @@ pub fn batch_router(state: &AppState) -> Router<AppState> {
         .route_layer(middleware::from_fn_with_state(state.clone(), one_of_few_batches))
 }
 
-/// Admits a batch request only with a free permit, held until the answer: a batch's body and parsed
-/// jobs live in memory, and the permits bound how many this instance holds at once. Without one: 429.
+/// Admits a batch request only with a free permit, held until the answer: each batch holds a database
+/// connection and a transaction while its body streams in, and a few chunks of memory; the permits
+/// bound how many this instance takes at once. Without one: 429.
 async fn one_of_few_batches(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let Ok(_permit) = state.queue.batch_permits.clone().try_acquire_owned() else {
         metrics::counter!("cifpool_queue_batches_refused_total").increment(1);
@@ -58,7 +60,8 @@ impl From<SubmitError> for ApiError {
         match e {
             SubmitError::Invalid(detail) => ApiError::Unprocessable(detail),
             e @ SubmitError::Forbidden(_) => ApiError::Forbidden(e.to_string()),
-            e @ SubmitError::TooMany { .. } => ApiError::PayloadTooLarge(e.to_string()),
+            e @ (SubmitError::TooMany { .. } | SubmitError::BodyTooLarge) => ApiError::PayloadTooLarge(e.to_string()),
+            SubmitError::Malformed(detail) => ApiError::BadRequest(detail),
             SubmitError::Overloaded { ref retry_after, .. } => {
                 ApiError::TooManyRequests { retry_after_secs: retry_after.as_secs().max(1), detail: e.to_string() }
             }
@@ -91,14 +94,29 @@ struct BatchAccepted {
     batch_id: i64,
 }
 
+/// Streams the body into [`batch::submit`]; the content type is checked first, as the `Json`
+/// extractor did (415 without `application/json`).
 async fn enqueue_batch(
     auth: Authorized<needs::NotifySend>,
     State(state): State<AppState>,
-    Json(req): Json<BatchRequest>,
-) -> Result<(StatusCode, Json<BatchAccepted>), ApiError> {
-    let done = intake::submit_batch(&state.db, &state.queue, &state.queue_stats, &auth.caller, req).await?;
+    request: Request,
+) -> Result<Response, ApiError> {
+    if !is_json(request.headers()) {
+        let detail = "Expected request with `Content-Type: application/json`";
+        return Ok((StatusCode::UNSUPPORTED_MEDIA_TYPE, detail).into_response());
+    }
+    let done = batch::submit(&state.db, &state.queue, &state.queue_stats, &auth.caller, request.into_body()).await?;
     let body = BatchAccepted { accepted: done.accepted, duplicates: done.duplicates, batch_id: done.batch_id };
-    Ok((StatusCode::ACCEPTED, Json(body)))
+    Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+/// `application/json` or `application/…+json`, with any parameters.
+fn is_json(headers: &axum::http::HeaderMap) -> bool {
+    let Some(value) = headers.get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 async fn get_job(

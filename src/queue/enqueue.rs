@@ -14,7 +14,8 @@ use crate::queue::status::JobStatus;
 /// Rows per INSERT … SELECT FROM unnest statement of a batch.
 const CHUNK: usize = 50_000;
 
-fn weight(rt: &QueueRuntime, tenant: &str) -> f64 {
+/// The fair-share weight of `tenant` (`queue.tenant_weights`, default 1).
+pub(crate) fn weight(rt: &QueueRuntime, tenant: &str) -> f64 {
     rt.settings.tenant_weights.get(tenant).copied().unwrap_or(1.0)
 }
 
@@ -144,8 +145,9 @@ pub struct BatchInserted {
     pub batch_id: i64,
 }
 
-/// Inserts many validated jobs in one transaction, fair keys reserved once per (priority, tenant), as
-/// one batch created by `created_by`. A batch without idempotency keys (bulk promo, the common case)
+/// Inserts many validated jobs, already in memory, in one transaction, fair keys reserved once per
+/// (priority, tenant), as one batch created by `created_by` (the lab's batches; HTTP batches stream
+/// through [`crate::queue::batch`]). A batch without idempotency keys (bulk promo, the common case)
 /// goes in by `COPY`; a batch with keys by array binds (`INSERT … SELECT FROM unnest … ON CONFLICT`),
 /// skipping jobs whose key exists. Each job is due after `delay` or at its own `run_at`, the later.
 pub async fn enqueue_batch(
@@ -205,7 +207,8 @@ pub async fn enqueue_batch(
     Ok(BatchInserted { per_class: inserted, batch_id })
 }
 
-async fn last_job_id(tx: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
+/// The job id sequence's last value (0 before any job).
+pub(crate) async fn last_job_id(tx: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('notification_jobs', 'id')::regclass), 0)",
     )
@@ -353,7 +356,7 @@ async fn copy_unkeyed(
 }
 
 /// Escapes a value for COPY's text format (backslash, tab, newline, carriage return).
-fn copy_escape(value: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn copy_escape(value: &str) -> std::borrow::Cow<'_, str> {
     if !value.contains(['\\', '\t', '\n', '\r']) {
         return std::borrow::Cow::Borrowed(value);
     }

@@ -1,6 +1,7 @@
 //! Intake: what a client may enqueue and whether the queue takes it now. Jobs are validated against
 //! the configured classes, admitted or shed by the class's predicted wait (backpressure), then
-//! inserted by [`crate::queue::enqueue`]; the outcome is counted per class.
+//! inserted by [`crate::queue::enqueue`] (one job) or [`crate::queue::batch`] (a streamed batch, which
+//! uses the rules here job by job); the outcome is counted per class.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -74,10 +75,7 @@ impl NewJob {
 
     /// Checks the job against the configured classes.
     pub fn validate(&self, rt: &QueueRuntime) -> Result<(), Invalid> {
-        if !rt.classes.contains_key(&self.class) {
-            let known: Vec<&str> = rt.classes.keys().map(String::as_str).collect();
-            return Err(Invalid(format!("unknown class {:?}; known classes: {}", self.class, known.join(", "))));
-        }
+        check_class(rt, &self.class)?;
         use crate::validate;
         validate::text("recipient", &self.recipient, MAX_RECIPIENT).map_err(Invalid)?;
         validate::text("tenant", &self.tenant, MAX_LABEL).map_err(Invalid)?;
@@ -86,22 +84,43 @@ impl NewJob {
         }
         validate::json_text("payload", self.payload.get()).map_err(Invalid)?;
         if let Some(at) = self.run_at {
-            let ahead = (at - Utc::now()).to_std().unwrap_or_default();
-            if ahead > MAX_SCHEDULE_AHEAD {
-                return Err(Invalid(format!("run_at {at} is more than 30 days ahead")));
-            }
-            if let Some(deadline) = rt.classes[&self.class].settings.deadline
-                && ahead >= deadline
-            {
-                return Err(Invalid(format!(
-                    "run_at {at} is past the deadline of class {:?} ({}s after enqueue): it would expire unsent",
-                    self.class,
-                    deadline.as_secs()
-                )));
-            }
+            check_ahead(at)?;
+            check_deadline(rt, &self.class, at)?;
         }
         Ok(())
     }
+}
+
+/// The class rule of a job: one of the configured classes (the message lists them).
+pub(crate) fn check_class(rt: &QueueRuntime, class: &str) -> Result<(), Invalid> {
+    if rt.classes.contains_key(class) {
+        return Ok(());
+    }
+    let known: Vec<&str> = rt.classes.keys().map(String::as_str).collect();
+    Err(Invalid(format!("unknown class {class:?}; known classes: {}", known.join(", "))))
+}
+
+/// The first `run_at` rule, whatever the class: at most [`MAX_SCHEDULE_AHEAD`] from now.
+pub(crate) fn check_ahead(at: DateTime<Utc>) -> Result<(), Invalid> {
+    if (at - Utc::now()).to_std().unwrap_or_default() > MAX_SCHEDULE_AHEAD {
+        return Err(Invalid(format!("run_at {at} is more than 30 days ahead")));
+    }
+    Ok(())
+}
+
+/// The second `run_at` rule: a job of a class with a deadline must not be scheduled at or past it
+/// (it would only expire). A class that is not configured passes (its own rule refuses it).
+pub(crate) fn check_deadline(rt: &QueueRuntime, class: &str, at: DateTime<Utc>) -> Result<(), Invalid> {
+    let ahead = (at - Utc::now()).to_std().unwrap_or_default();
+    if let Some(deadline) = rt.classes.get(class).and_then(|c| c.settings.deadline)
+        && ahead >= deadline
+    {
+        return Err(Invalid(format!(
+            "run_at {at} is past the deadline of class {class:?} ({}s after enqueue): it would expire unsent",
+            deadline.as_secs()
+        )));
+    }
+    Ok(())
 }
 
 /// Intake's decision for a class.
@@ -152,13 +171,19 @@ pub enum SubmitError {
     #[error("{0}")]
     Invalid(String),
     /// A batch holds more jobs than `queue.max_batch`.
-    #[error("a batch holds at most {max} jobs, got {got}")]
+    #[error("a batch holds at most {max} jobs, got {got} or more")]
     TooMany {
         /// `queue.max_batch`.
         max: usize,
-        /// Jobs in the request.
+        /// Jobs read before the batch was refused (reading stops at the first one too many).
         got: usize,
     },
+    /// The body is not JSON, or ends (or the connection breaks) before the JSON does (400).
+    #[error("{0}")]
+    Malformed(String),
+    /// The batch body outgrew `queue.batch_body_limit_bytes` while it streamed in (413).
+    #[error("the request body is larger than the batch body limit (queue.batch_body_limit_bytes)")]
+    BodyTooLarge,
     /// The class is over its target wait and intake sheds it: retry after the delay.
     #[error("class {class:?} is over its target wait; retry later")]
     Overloaded {
@@ -179,14 +204,25 @@ pub enum SubmitError {
 /// name a tenant the caller may act for. So with a tenant-bound key, a job's tenant is a fact of the
 /// credential, and fairness caps cannot be dodged by renaming.
 fn apply_tenant(job: &mut NewJob, caller: &Caller) -> Result<(), SubmitError> {
-    if job.tenant.trim().is_empty()
-        && let Some(only) = caller.only_tenant()
-    {
-        job.tenant = only.to_string();
-    }
+    job.tenant = implied_tenant(std::mem::take(&mut job.tenant), caller);
     job.normalize();
-    if !job.tenant.is_empty() && !caller.may_act_for(&job.tenant) {
-        return Err(SubmitError::Forbidden(job.tenant.clone()));
+    check_tenant_allowed(&job.tenant, caller)
+}
+
+/// The tenant a job's (or batch's) `tenant` text stands for: blank means the caller's only tenant
+/// when it has exactly one; surrounding spaces are trimmed either way.
+pub(crate) fn implied_tenant(named: String, caller: &Caller) -> String {
+    match caller.only_tenant() {
+        Some(only) if named.trim().is_empty() => only.to_string(),
+        _ if named.trim().len() != named.len() => named.trim().to_string(),
+        _ => named,
+    }
+}
+
+/// Refuses a tenant the caller's key is not bound to (an empty one is left to validation).
+pub(crate) fn check_tenant_allowed(tenant: &str, caller: &Caller) -> Result<(), SubmitError> {
+    if !tenant.is_empty() && !caller.may_act_for(tenant) {
+        return Err(SubmitError::Forbidden(tenant.to_string()));
     }
     Ok(())
 }
@@ -200,7 +236,14 @@ pub struct Submitted {
     pub created: bool,
 }
 
-fn delay_or_shed(rt: &QueueRuntime, stats: &QueueStats, class: &str, jobs: u64) -> Result<Duration, SubmitError> {
+/// The delay intake gives `class` now (zero, or the deferral), or its refusal; counts the outcome
+/// for `jobs` jobs.
+pub(crate) fn delay_or_shed(
+    rt: &QueueRuntime,
+    stats: &QueueStats,
+    class: &str,
+    jobs: u64,
+) -> Result<Duration, SubmitError> {
     match admit(rt, stats, class) {
         Admission::Accept => Ok(Duration::ZERO),
         Admission::Defer(delay) => Ok(delay),
@@ -261,23 +304,7 @@ pub struct BatchJob {
     pub run_at: Option<DateTime<Utc>>,
 }
 
-/// `POST /v1/notifications/batch`: jobs with batch-wide defaults.
-#[derive(Debug, Deserialize)]
-pub struct BatchRequest {
-    /// Class of every job that names none.
-    #[serde(default)]
-    pub class: Option<String>,
-    /// Tenant of every job that names none.
-    #[serde(default)]
-    pub tenant: Option<String>,
-    /// When every job that names none is to be sent (RFC 3339; unset: now).
-    #[serde(default)]
-    pub run_at: Option<DateTime<Utc>>,
-    /// The jobs, 1 to `queue.max_batch` of them.
-    pub jobs: Vec<BatchJob>,
-}
-
-/// What [`submit_batch`] did.
+/// What a batch request did (see [`crate::queue::batch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchSubmitted {
     /// Jobs inserted.
@@ -286,50 +313,4 @@ pub struct BatchSubmitted {
     pub duplicates: u64,
     /// The batch, to watch (`GET /v1/notifications/batches/{id}`) or cancel.
     pub batch_id: i64,
-}
-
-/// Validates every job (the first bad one refuses the batch, named by its index), admits each class
-/// (one shed class refuses the batch; a deferred class defers it all by the longest delay), then
-/// inserts the batch in one transaction.
-pub async fn submit_batch(
-    db: &PgPool,
-    rt: &QueueRuntime,
-    stats: &QueueStats,
-    caller: &Caller,
-    req: BatchRequest,
-) -> Result<BatchSubmitted, SubmitError> {
-    let max = rt.settings.max_batch;
-    if req.jobs.len() > max {
-        return Err(SubmitError::TooMany { max, got: req.jobs.len() });
-    }
-    if req.jobs.is_empty() {
-        return Err(SubmitError::Invalid("jobs must not be empty".into()));
-    }
-    let mut jobs = Vec::with_capacity(req.jobs.len());
-    for (i, j) in req.jobs.into_iter().enumerate() {
-        let mut job = NewJob {
-            class: j.class.or_else(|| req.class.clone()).unwrap_or_default(),
-            tenant: j.tenant.or_else(|| req.tenant.clone()).unwrap_or_default(),
-            recipient: j.recipient,
-            payload: j.payload,
-            idempotency_key: j.idempotency_key,
-            run_at: j.run_at.or(req.run_at),
-        };
-        apply_tenant(&mut job, caller)?;
-        job.validate(rt).map_err(|e| SubmitError::Invalid(format!("jobs[{i}]: {}", e.0)))?;
-        jobs.push(job);
-    }
-    let mut classes: Vec<&str> = jobs.iter().map(|j| j.class.as_str()).collect();
-    classes.sort_unstable();
-    classes.dedup();
-    let mut delay = Duration::ZERO;
-    for class in &classes {
-        delay = delay.max(delay_or_shed(rt, stats, class, jobs.len() as u64)?);
-    }
-    let inserted = enqueue::enqueue_batch(db, rt, &jobs, delay, &caller.name).await?;
-    for (class, n) in &inserted.per_class {
-        metrics::counter!("cifpool_queue_enqueued_total", "class" => class.clone()).increment(*n);
-    }
-    let accepted: u64 = inserted.per_class.values().sum();
-    Ok(BatchSubmitted { accepted, duplicates: jobs.len() as u64 - accepted, batch_id: inserted.batch_id })
 }

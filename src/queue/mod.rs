@@ -2,6 +2,7 @@
 //!
 //! Intake and storage:
 //! - [`intake`]: what clients may enqueue — validation, backpressure, outcome metrics.
+//! - [`batch`]: `POST /v1/notifications/batch`, parsed, checked and copied as the body streams in.
 //! - [`enqueue`]: inserts — weighted-fair keys, one job, bulk batches by `COPY`.
 //! - [`status`]: a job's statuses, spelled once for Rust and SQL.
 //! - [`store`]: the jobs table through the shared [`crate::claim`] contract (claim, fenced finishes,
@@ -29,6 +30,7 @@
 //! - [`cancel`]: cancel one job or a batch's unsent jobs; what a batch holds.
 //! - [`pause`]: pause and resume a class or a provider for every pod.
 
+pub mod batch;
 pub mod budget;
 pub mod cancel;
 pub mod dlq;

@@ -1,4 +1,5 @@
-//! Command line: `cifpool-tools bench <target>` and `cifpool-tools lab`.
+//! Command line: `cifpool-tools bench <target>` and `cifpool-tools lab` (and the hidden
+//! `bench-client`, the load generator a benchmark runs as its child).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,6 +12,7 @@ use cifpool::config::Settings;
 use cifpool::queue::policy::Strategy;
 
 use crate::bench::BenchArgs;
+use crate::bench::loadgen::BenchClientArgs;
 use crate::lab::real::{self, LabOptions, LabScenario};
 use crate::lab::sim::{self, SimOptions, SimScenario};
 
@@ -35,6 +37,9 @@ pub enum Command {
     /// Reproduce the send-flow isolation experiment: on the real queue (default) or simulated at
     /// production scale (`--simulate`). Writes CSV, Markdown and PNG into `--out`.
     Lab(Box<LabArgs>),
+    /// A benchmark's load generator, run by the benchmark as a child process (not for direct use).
+    #[command(name = "bench-client", hide = true)]
+    BenchClient(Box<BenchClientArgs>),
 }
 
 /// `cifpool-tools lab …`
@@ -98,6 +103,10 @@ pub fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    // A load generator needs no configuration or database: only what its parent passes.
+    if let Command::BenchClient(args) = &cli.command {
+        return crate::bench::loadgen::run_child(args);
+    }
     let settings = cli.global.settings()?;
     match cli.command {
         Command::Bench(args) => {
@@ -107,6 +116,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             cifpool::telemetry::metrics_handle();
             crate::bench::run(&settings, &args)
         }
+        Command::BenchClient(_) => unreachable!("run before the configuration is read"),
         Command::Lab(args) => {
             // Sends still in flight when a cell ends are abandoned on purpose; their failed finishes
             // are expected noise here.
@@ -178,6 +188,51 @@ mod tests {
         assert!(lab.scenarios(&LabScenario::ALL, "lab").is_err(), "push-timeout-30s is no lab scenario");
         assert_eq!(lab.strategy, [Strategy::FloorBorrow]);
         assert_eq!(lab.sim.workers, 600);
+    }
+
+    #[test]
+    fn a_load_generator_run_round_trips_through_its_command_line() {
+        use crate::bench::loadgen::{ClientTarget, ReserveLoad};
+        let runs = [
+            ReserveLoad {
+                url: "http://127.0.0.1:4321/v1/cif".into(),
+                clients: Some(16),
+                rate: None,
+                duration: 5,
+                timeout: 30,
+                no_progress: true,
+            },
+            ReserveLoad {
+                url: "http://127.0.0.1:4321/v1/cif".into(),
+                clients: None,
+                rate: Some(1000.5),
+                duration: 2,
+                timeout: 7,
+                no_progress: false,
+            },
+        ];
+        for run in runs {
+            let argv = std::iter::once("cifpool-tools".to_string()).chain(run.to_args());
+            let cli = Cli::try_parse_from(argv).expect("its own command line parses");
+            let Command::BenchClient(args) = cli.command else { panic!("bench-client") };
+            assert_eq!(args.target, ClientTarget::Reserve(run));
+        }
+        let both = [
+            "cifpool-tools",
+            "bench-client",
+            "reserve",
+            "--url",
+            "u",
+            "--clients",
+            "1",
+            "--rate",
+            "2",
+            "--duration",
+            "1",
+        ];
+        assert!(Cli::try_parse_from(both).is_err(), "closed or open loop, not both");
+        let neither = ["cifpool-tools", "bench-client", "reserve", "--url", "u", "--duration", "1"];
+        assert!(Cli::try_parse_from(neither).is_err(), "one of them");
     }
 
     #[test]

@@ -28,6 +28,8 @@ async fn reserve_and_refill_write_json_with_positive_figures() {
     args.rate = 200.0;
     args.auth_concurrency = 2;
     args.raw = RawMode::Auto;
+    // The test harness has no `bench-client`: the load generator is the tools binary Cargo built.
+    args.client_bin = Some(env!("CARGO_BIN_EXE_cifpool-tools").into());
     args.no_progress = true;
     let path = run_on(&connect, &settings, &args).await.expect("bench reserve");
     assert_eq!(path, out.path().join("reserve.json"));
@@ -43,7 +45,10 @@ async fn reserve_and_refill_write_json_with_positive_figures() {
         positive(&level["raw"]["rate_per_s"], "raw rate");
         positive(&level["service_over_raw"], "ratio");
         assert!(level["service"]["errors"].as_object().unwrap().is_empty(), "errors: {level}");
+        // The load generator ran as a child process, and its CPU was watched.
+        positive(&level["service"]["cpu"]["child_cores"], "load generator CPU");
     }
+    assert_eq!(json["parameters"]["load_generator"]["kind"], "process");
     let auth = &json["results"]["auth"];
     for side in ["with_auth_per_s", "without_auth_per_s"] {
         let runs = auth[side].as_array().unwrap();
@@ -89,6 +94,8 @@ async fn queue_and_soak_write_json_with_clean_runs() {
     args.promo_jobs = 3_000;
     args.otp_rate = 20.0;
     args.tenants = 7;
+    // The peer needs node, npm and (once) the npm registry: not in a test.
+    args.no_peer = true;
     args.no_progress = true;
     let path = run_on(&connect, &settings, &args).await.expect("bench queue");
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -106,7 +113,12 @@ async fn queue_and_soak_write_json_with_clean_runs() {
     assert!(otp["otp_enqueued"].as_u64().unwrap() >= 150, "{otp}");
     assert_eq!(otp["otp_sent"], otp["otp_enqueued"], "{otp}");
     positive(&otp["otp_wait"]["p99_ms"], "OTP wait p99");
-    assert!(json["notes"].as_array().unwrap().len() == 1, "unexpected notes: {}", json["notes"]);
+    assert_eq!(
+        (r["drain_peer"]["status"].as_str(), r["drain_peer"]["reason"].as_str()),
+        (Some("skipped"), Some("--no-peer"))
+    );
+    assert!(r["cifpool_over_peer"].is_null(), "{r}");
+    assert!(json["notes"].as_array().unwrap().len() == 2, "unexpected notes: {}", json["notes"]);
 
     let mut args = BenchArgs::new(Target::Soak);
     args.out = out.path().to_path_buf();

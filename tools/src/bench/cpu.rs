@@ -1,7 +1,8 @@
-//! Where the cycles go: CPU seconds used by this process (the service under test and its load
-//! generator), by every `postgres` process and by `pgbench`, read from `/proc` around a phase.
-//! pgbench is a child that has exited by the end of its phase, so it is counted through this
-//! process's reaped-children times (`cutime + cstime`).
+//! Where the cycles go: CPU seconds used by this process (the service under test), by one child
+//! process the phase runs (`reserve`'s HTTP load generator, `queue`'s peer), by every `postgres`
+//! process and by `pgbench`, read from `/proc` around a phase. pgbench and the watched child have
+//! exited by the end of their phase, so they are also counted through this process's
+//! reaped-children times (`cutime + cstime`), which cover them to their last tick.
 //!
 //! The figures are `utime + stime` in clock ticks of 1/100 s (Linux's `USER_HZ`, fixed by its ABI),
 //! so a phase should last seconds for them to mean anything. On systems without `/proc` every
@@ -18,12 +19,17 @@ const TICKS_PER_SECOND: f64 = 100.0;
 const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 
 /// CPU used during a phase, per party, in cores busy on average.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq)]
 pub struct CpuSplit {
     /// Wall-clock seconds of the phase.
     pub seconds: f64,
-    /// Cores' worth of CPU used by this process (service and load generator together).
+    /// Cores' worth of CPU used by this process: the service under test (and the load generator too
+    /// when it runs in-process).
     pub cifpool_cores: f64,
+    /// Cores' worth used by the watched child process ([`CpuWatch::with_child`]): `reserve`'s HTTP
+    /// load generator, `queue`'s peer worker; 0 when none was watched.
+    #[serde(default)]
+    pub child_cores: f64,
     /// Cores' worth used by all `postgres` processes (backends, WAL writer, checkpointer, autovacuum).
     pub postgres_cores: f64,
     /// Cores' worth used by `pgbench`.
@@ -36,6 +42,7 @@ pub struct CpuSplit {
 enum Party {
     Postgres,
     Pgbench,
+    Child,
 }
 
 /// Samples `/proc` during a phase; [`CpuWatch::finish`] gives the split. Processes that start during
@@ -49,12 +56,24 @@ pub struct CpuWatch {
 impl CpuWatch {
     /// Starts sampling.
     pub fn start() -> CpuWatch {
+        CpuWatch::with_child(None)
+    }
+
+    /// Starts sampling, with `child` (a child process of this one) as a party of its own, counted from
+    /// now. While a child is watched, this process's reaped-children times are its, not pgbench's (no
+    /// phase runs both): they give its whole life's CPU once it has exited, less what it had used
+    /// when the watch started.
+    pub fn with_child(child: Option<u32>) -> CpuWatch {
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         // The starting point is read here, not in the task, which may first run much later.
         let started = Instant::now();
         let (own0, children0) = process_seconds("self");
         // pid -> (party, seconds at first sight, seconds at last sight)
         let mut seen: HashMap<u32, (Party, f64, f64)> = HashMap::new();
+        if let Some(pid) = child {
+            let now = process_seconds(&pid.to_string()).0;
+            seen.insert(pid, (Party::Child, now, now));
+        }
         sample(&mut seen, true);
         let task = tokio::spawn(async move {
             loop {
@@ -66,14 +85,21 @@ impl CpuWatch {
             sample(&mut seen, false);
             let (own1, children1) = process_seconds("self");
             let seconds = started.elapsed().as_secs_f64().max(1e-9);
+            // `max(0.0)`: an empty f64 sum is -0.0, which prints as "-0.00".
             let used = |party: Party| -> f64 {
-                seen.values().filter(|(p, _, _)| *p == party).map(|(_, first, last)| last - first).sum()
+                seen.values().filter(|(p, _, _)| *p == party).map(|(_, first, last)| last - first).sum::<f64>().max(0.0)
+            };
+            let reaped = (children1 - children0).max(0.0);
+            let (child_seconds, pgbench_seconds) = match child.and_then(|pid| seen.get(&pid)) {
+                Some(&(_, first, last)) => (last.max(reaped) - first, used(Party::Pgbench)),
+                None => (0.0, used(Party::Pgbench).max(reaped)),
             };
             CpuSplit {
                 seconds,
                 cifpool_cores: (own1 - own0).max(0.0) / seconds,
+                child_cores: child_seconds / seconds,
                 postgres_cores: used(Party::Postgres) / seconds,
-                pgbench_cores: (used(Party::Pgbench).max(children1 - children0)).max(0.0) / seconds,
+                pgbench_cores: pgbench_seconds / seconds,
                 cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             }
         });
@@ -87,10 +113,36 @@ impl CpuWatch {
     }
 }
 
+/// The CPU splits of a run's phases as a table: phase, this process (headed `own`), the watched child
+/// (`child`), postgres and pgbench, in cores.
+pub fn table(own: &str, child: &str, rows: &[(String, CpuSplit)]) -> String {
+    let cores = |x: f64| format!("{x:.2}");
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|(phase, c)| {
+            vec![
+                phase.clone(),
+                cores(c.cifpool_cores),
+                cores(c.child_cores),
+                cores(c.postgres_cores),
+                cores(c.pgbench_cores),
+            ]
+        })
+        .collect();
+    super::report::table(&["phase", own, child, "postgres", "pgbench"], &rows)
+}
+
 fn sample(seen: &mut HashMap<u32, (Party, f64, f64)>, initial: bool) {
     let Ok(entries) = std::fs::read_dir("/proc") else { return };
     for entry in entries.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        if let Some(e) = seen.get_mut(&pid)
+            && e.0 == Party::Child
+        {
+            // Its name is not known in advance (the tools binary, node); it was registered by pid.
+            e.2 = e.2.max(process_seconds(&pid.to_string()).0);
+            continue;
+        }
         let party = match comm(pid).as_deref() {
             Some("postgres") => Party::Postgres,
             Some("pgbench") => Party::Pgbench,
@@ -123,8 +175,12 @@ fn process_seconds(pid: &str) -> (f64, f64) {
 mod tests {
     use super::*;
 
+    /// The tests measure this whole process: one at a time, or each counts the other's work.
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     #[tokio::test]
     async fn this_process_uses_cpu() {
+        let _serial = SERIAL.lock().await;
         let watch = CpuWatch::start();
         let until = Instant::now() + Duration::from_millis(300);
         let mut x = 0u64;
@@ -136,5 +192,26 @@ mod tests {
         if std::path::Path::new("/proc/self/stat").exists() {
             assert!(split.cifpool_cores > 0.3, "{split:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_watched_child_is_its_own_party() {
+        if !std::path::Path::new("/proc/self/stat").exists() {
+            return;
+        }
+        let _serial = SERIAL.lock().await;
+        // A shell busy for a few hundred milliseconds, counted while alive and after it is reaped.
+        let child = tokio::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"])
+            .spawn()
+            .unwrap();
+        let watch = CpuWatch::with_child(child.id());
+        let status = child.wait_with_output().await.unwrap().status;
+        assert!(status.success());
+        let split = watch.finish().await.unwrap();
+        // CPU seconds, not cores: on a busy machine the loop gets a fraction of a core.
+        assert!(split.child_cores * split.seconds > 0.1, "{split:?}");
+        assert!(split.cifpool_cores < split.child_cores, "the parent only waited: {split:?}");
+        assert_eq!(split.pgbench_cores, 0.0, "{split:?}");
     }
 }

@@ -3,19 +3,24 @@
 //!
 //! - [`reserve`]: `POST /v1/cif` against an in-process service at several concurrencies, beside the
 //!   same one-statement claim run raw through `pgbench` (the headline: service / raw), and the latency
-//!   at a fixed open-loop request rate.
+//!   at a fixed open-loop request rate; the HTTP load comes from a child process ([`loadgen`]).
 //! - [`refill`]: codes/s of `refill()` (Feistel + `COPY` in batches) filling an empty pool, against a
 //!   naive autocommit `INSERT` per code and one raw `COPY` of the same rows.
 //! - [`soak`]: minutes of reservations (reserve + confirm) and queue traffic together, per-minute
 //!   throughput and table sizes.
 //! - [`queue`]: one HTTP batch of 500,000 jobs and its cancel, the drain of 200,000 jobs through the worker groups
-//!   with no-op providers, and the OTP wait while a 500,000-job promo backlog drains.
+//!   with no-op providers beside the same drain by Graphile Worker ([`graphile`]), and the OTP wait
+//!   ([`otp`]) while a 500,000-job promo backlog drains.
 //!
 //! Everything runs on a scratch database, `cifpool_bench`, dropped and re-created at the start of each
 //! run on the configured server (the embedded cluster unless `database.url` is set). The `run_*`
 //! functions take connect options instead, so tests can point them at a database of their own.
 
 pub mod cpu;
+pub mod enqueue;
+pub mod graphile;
+pub mod loadgen;
+pub mod otp;
 pub mod queue;
 pub mod raw;
 pub mod refill;
@@ -121,9 +126,21 @@ pub struct BenchArgs {
     /// queue: OTPs per second during the promo drain.
     #[arg(long, default_value_t = 10.0)]
     pub otp_rate: f64,
+    /// queue: leave out the Graphile Worker peer drain (run otherwise when node and npm are on PATH;
+    /// installed once under target/peers/graphile).
+    #[arg(long)]
+    pub no_peer: bool,
     /// queue: tenants the promo jobs are spread over.
     #[arg(long, default_value_t = 100)]
     pub tenants: usize,
+    /// reserve: run the HTTP load generator inside this process, as before it had a process of its own
+    /// (the CPU split then counts it with the service).
+    #[arg(long)]
+    pub load_in_process: bool,
+    /// reserve: the `cifpool-tools` binary to run the load generator with (default: this binary; a
+    /// test harness names the real one).
+    #[arg(long, hide = true)]
+    pub client_bin: Option<PathBuf>,
     /// soak: length in minutes.
     #[arg(long, default_value_t = 10.0)]
     pub minutes: f64,
@@ -368,22 +385,20 @@ pub(crate) async fn build_service(connect: &PgConnectOptions, mut settings: Sett
 /// An HTTP client for the services of a run: keep-alive, no Nagle, and an API key with every scope
 /// (created in the scratch database) sent with each request.
 pub(crate) async fn client(connect: &PgConnectOptions, timeout: Duration) -> anyhow::Result<reqwest::Client> {
+    loadgen::http_client(&api_key(connect).await?, timeout)
+}
+
+/// A new API key with every scope, in the scratch database behind `connect`.
+pub(crate) async fn api_key(connect: &PgConnectOptions) -> anyhow::Result<String> {
     let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_with(connect.clone()).await?;
     let new = cifpool::auth::api_key::NewKey {
         name: format!("bench-{}", chrono::Utc::now().timestamp_micros()),
         scopes: cifpool::auth::Scope::ALL.iter().map(|s| s.as_str().to_string()).collect(),
         tenants: None,
     };
-    let created = cifpool::auth::api_key::create(&db, &cifpool::audit::Actor::system(), &new).await?;
+    let created = cifpool::auth::api_key::create(&db, &cifpool::audit::Actor::system(), &new).await;
     db.close().await;
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {}", created.key).parse()?);
-    Ok(reqwest::Client::builder()
-        .default_headers(headers)
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(usize::MAX)
-        .timeout(timeout)
-        .build()?)
+    Ok(created?.key)
 }
 
 /// Stops a service of [`start_service`] (graceful shutdown, as on SIGTERM) and waits until it has.

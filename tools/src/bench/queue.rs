@@ -1,39 +1,37 @@
 //! `cifpool-tools bench queue`: the notification queue's intake and drain, end to end through the real
-//! service (HTTP intake, the configured worker groups, claim SQL, fenced finishes) with no-op providers.
+//! service (HTTP intake, the configured worker groups, claim SQL, fenced finishes) with no-op providers,
+//! and the same drain by a peer, Graphile Worker.
 //!
-//! Method, three phases on the scratch database, each starting from empty tables:
-//! - **enqueue**: one `POST /v1/notifications/batch` of N promo jobs (spread over T tenants) to a
-//!   service whose workers are off; the time from sending the body (prebuilt, ~32 bytes a job) to the
-//!   `202`, so parsing, validation, fair keys and the inserts all count.
+//! Method, on the scratch database, each phase starting from empty tables:
+//! - **enqueue** ([`super::enqueue`]): one `POST /v1/notifications/batch` of N promo jobs to a service
+//!   whose workers are off, timed to the `202`, and its cancel.
+//! - **peer drain** ([`super::graphile`]): Graphile Worker drains the same number of no-op jobs as the
+//!   drain below, batched, on a database of its own on the same server, just before ours (skipped
+//!   with the reason when node or npm is missing, the install fails or `--no-peer`).
 //! - **drain**: N jobs are enqueued the same way, the table is `VACUUM ANALYZE`d and a `CHECKPOINT`
 //!   taken (before every phase: so a WAL-triggered one rarely lands inside it), then a second service
 //!   instance with workers on is started; jobs/s = N / (last `finished_at` − the moment before that
 //!   instance was built). Every job must end `sent` with exactly one result row and one attempt, or the
 //!   run says so: the figure is only worth anything with leases, fencing and deadlines intact.
-//! - **otp during promo**: a promo batch is enqueued, the worker instance starts under `floor-borrow`
-//!   and, while the promo backlog drains, OTPs arrive one `POST /v1/notifications` at a time at a fixed
-//!   rate (open loop). The OTP wait is `picked_at − created_at` (queue time) and `sent_at −
-//!   created_at` (to the provider's acceptance), from the database's own clock.
+//! - **otp during promo** ([`super::otp`]): OTPs arrive at a fixed rate while a promo backlog drains.
 //!
 //! Every provider is replaced by the no-op provider whatever the configuration says (a benchmark must
 //! never send to a real gateway), with its concurrency limit raised to the worker count (a no-op
 //! provider has no capacity limit to respect).
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio_util::sync::CancellationToken;
 
 use super::cpu::{CpuSplit, CpuWatch};
+use super::enqueue::{EnqueueResult, batch_body, enqueue_phase, post_batch};
+use super::graphile::{PeerDrain, PeerOptions, PeerOutcome};
+use super::otp::{OtpResult, otp_phase};
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
 use super::{BenchArgs, db_now, use_noop_providers};
-use crate::load::{Schedule, Tally, fixed_rate, post_json};
 use cifpool::config::Settings;
 use cifpool::queue::policy::Strategy;
 
@@ -50,6 +48,11 @@ pub struct QueueBenchOptions {
     pub otp_rate: f64,
     /// Tenants the promo jobs are spread over (round robin).
     pub tenants: usize,
+    /// Run the Graphile Worker peer before the drain.
+    pub peer: bool,
+    /// Where the peer is installed.
+    #[serde(skip)]
+    pub peer_dir: std::path::PathBuf,
     /// Draw progress bars.
     #[serde(skip)]
     pub progress: bool,
@@ -64,28 +67,11 @@ impl QueueBenchOptions {
             promo_jobs: args.promo_jobs,
             otp_rate: args.otp_rate,
             tenants: args.tenants.max(1),
+            peer: !args.no_peer,
+            peer_dir: super::graphile::default_dir(),
             progress: !args.no_progress,
         }
     }
-}
-
-/// The bulk-enqueue phase.
-#[derive(Debug, Clone, Serialize)]
-pub struct EnqueueResult {
-    /// Jobs in the one batch request.
-    pub jobs: u64,
-    /// Jobs the service reported accepted.
-    pub accepted: u64,
-    /// Request body size.
-    pub body_bytes: usize,
-    /// From sending the request to the response.
-    pub seconds: f64,
-    /// `accepted / seconds`.
-    pub jobs_per_s: f64,
-    /// Jobs `POST /v1/notifications/batches/{id}/cancel` then canceled (all of them: no worker runs).
-    pub canceled: u64,
-    /// From sending the cancel to its answer.
-    pub cancel_seconds: f64,
 }
 
 /// The drain phase.
@@ -113,31 +99,6 @@ pub struct DrainResult {
     pub cpu: Option<CpuSplit>,
 }
 
-/// The OTP-during-promo phase.
-#[derive(Debug, Clone, Serialize)]
-pub struct OtpResult {
-    /// Promo backlog at the start.
-    pub promo_jobs: u64,
-    /// Promo jobs sent by the end.
-    pub promo_sent: u64,
-    /// From just before the worker instance was built to the last promo `finished_at`.
-    pub promo_seconds: f64,
-    /// OTPs requested per second.
-    pub otp_rate: f64,
-    /// OTPs accepted (HTTP 202).
-    pub otp_enqueued: u64,
-    /// OTPs sent.
-    pub otp_sent: u64,
-    /// OTPs that expired unsent (deadline 15 s).
-    pub otp_expired: u64,
-    /// Non-202 responses to OTP requests, by status.
-    pub otp_errors: BTreeMap<String, u64>,
-    /// Enqueue → claimed.
-    pub otp_wait: Option<Latency>,
-    /// Enqueue → accepted by the provider.
-    pub otp_to_sent: Option<Latency>,
-}
-
 /// Everything `bench queue` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct QueueResults {
@@ -145,6 +106,10 @@ pub struct QueueResults {
     pub enqueue: EnqueueResult,
     /// Drain.
     pub drain: DrainResult,
+    /// The same drain by Graphile Worker, run just before ours.
+    pub drain_peer: PeerDrain,
+    /// Our drain rate / the peer's, when it ran.
+    pub cifpool_over_peer: Option<f64>,
     /// OTP latency while promo drains.
     pub otp_during_promo: OtpResult,
 }
@@ -182,6 +147,18 @@ pub async fn run(
             notes.push(format!("enqueue: {} of {} jobs accepted", enqueue.accepted, opts.enqueue_jobs));
         }
 
+        let bar = super::bar(opts.progress, "graphile-worker drain", 1, "run");
+        let peer_opts =
+            PeerOptions { enabled: opts.peer, dir: opts.peer_dir.clone(), timeout: drain_cap(opts.drain_jobs) };
+        let drain_peer = super::graphile::run(connect, &harness, opts.drain_jobs, &peer_opts).await;
+        bar.inc(1);
+        bar.finish();
+        match &drain_peer.outcome {
+            PeerOutcome::Ran(run) => notes.extend(super::graphile::engine_note(run)),
+            PeerOutcome::Skipped { reason } => notes.push(format!("peer drain skipped: {reason}")),
+            PeerOutcome::Failed { reason } => notes.push(format!("peer drain failed: {reason}")),
+        }
+
         clear(&harness).await?;
         let drain = drain_phase(&client, &intake.base_url, &harness, connect, &worker_settings, opts).await?;
         if drain.sent != drain.jobs || drain.result_rows != drain.sent || drain.attempts != drain.jobs {
@@ -203,7 +180,8 @@ pub async fn run(
         if otp.promo_sent < otp.promo_jobs {
             notes.push(format!("otp: the promo backlog was not drained ({} of {})", otp.promo_sent, otp.promo_jobs));
         }
-        anyhow::Ok(QueueResults { enqueue, drain, otp_during_promo: otp })
+        let cifpool_over_peer = drain_peer.jobs_per_s().map(|peer| drain.jobs_per_s / peer);
+        anyhow::Ok(QueueResults { enqueue, drain, drain_peer, cifpool_over_peer, otp_during_promo: otp })
     }
     .await;
     super::stop_service(intake).await;
@@ -223,6 +201,8 @@ pub async fn run(
         "claim_batch": q.claim_batch,
         "database_max_connections": settings.database.max_connections,
         "client": "reqwest in the same process as both service instances",
+        "peer": if opts.peer { super::graphile::settings() } else { "off (--no-peer)".into() },
+        "peer_order": "the peer drains on its own database just before cifpool's drain phase",
     });
     Ok(BenchReport { target: "queue".into(), parameters, machine, results, notes })
 }
@@ -236,88 +216,8 @@ async fn clear(db: &PgPool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A batch request body: `n` jobs of `class`, tenants `t000…` round robin.
-pub fn batch_body(class: &str, n: u64, tenants: usize, tag: &str) -> Vec<u8> {
-    let mut s = String::with_capacity(n as usize * 80 + 64);
-    write!(s, r#"{{"class":"{class}","jobs":["#).expect("write to a String");
-    for i in 0..n {
-        if i > 0 {
-            s.push(',');
-        }
-        write!(
-            s,
-            r#"{{"tenant":"t{:03}","recipient":"device-{tag}-{i}","payload":{{"title":"Sale","n":{i}}}}}"#,
-            i % tenants as u64
-        )
-        .expect("write to a String");
-    }
-    s.push_str("]}");
-    s.into_bytes()
-}
-
-/// Posts one batch; returns (elapsed, accepted).
-/// Posts a batch; returns the time to the answer, the jobs accepted and the batch id.
-async fn post_batch(client: &reqwest::Client, base: &str, body: Vec<u8>) -> anyhow::Result<(Duration, u64, i64)> {
-    let started = Instant::now();
-    let resp = client
-        .post(format!("{base}/v1/notifications/batch"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .context("posting the batch")?;
-    let status = resp.status();
-    let text = resp.text().await?;
-    let elapsed = started.elapsed();
-    anyhow::ensure!(status.as_u16() == 202, "batch refused: {status} {text}");
-    let body: serde_json::Value = serde_json::from_str(&text)?;
-    Ok((elapsed, body["accepted"].as_u64().unwrap_or(0), body["batch_id"].as_i64().unwrap_or(0)))
-}
-
-/// Cancels batch `id`; returns the time to the answer and the jobs canceled.
-async fn cancel_batch(client: &reqwest::Client, base: &str, id: i64) -> anyhow::Result<(Duration, u64)> {
-    let started = Instant::now();
-    let resp = client
-        .post(format!("{base}/v1/notifications/batches/{id}/cancel"))
-        .send()
-        .await
-        .context("canceling the batch")?;
-    let status = resp.status();
-    let text = resp.text().await?;
-    let elapsed = started.elapsed();
-    anyhow::ensure!(status.as_u16() == 200, "batch cancel refused: {status} {text}");
-    let body: serde_json::Value = serde_json::from_str(&text)?;
-    Ok((elapsed, body["canceled"].as_u64().unwrap_or(0)))
-}
-
-async fn enqueue_phase(
-    client: &reqwest::Client,
-    base: &str,
-    db: &PgPool,
-    opts: &QueueBenchOptions,
-) -> anyhow::Result<EnqueueResult> {
-    let body = batch_body("promo", opts.enqueue_jobs, opts.tenants, "e");
-    super::checkpoint(db).await;
-    let body_bytes = body.len();
-    let bar = super::bar(opts.progress, "enqueue (one batch)", 1, "request");
-    let (elapsed, accepted, batch_id) = post_batch(client, base, body).await?;
-    bar.inc(1);
-    bar.finish();
-    super::checkpoint(db).await;
-    let (cancel_elapsed, canceled) = cancel_batch(client, base, batch_id).await?;
-    Ok(EnqueueResult {
-        jobs: opts.enqueue_jobs,
-        accepted,
-        body_bytes,
-        seconds: elapsed.as_secs_f64(),
-        jobs_per_s: accepted as f64 / elapsed.as_secs_f64(),
-        canceled,
-        cancel_seconds: cancel_elapsed.as_secs_f64(),
-    })
-}
-
 /// Jobs not finished yet (waiting or being sent).
-async fn unfinished(db: &PgPool, class: &str) -> anyhow::Result<u64> {
+pub(crate) async fn unfinished(db: &PgPool, class: &str) -> anyhow::Result<u64> {
     let n: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM notification_jobs \
          WHERE class = $1 AND status IN ('scheduled', 'pending', 'failed-retrying', 'sending')",
@@ -329,7 +229,13 @@ async fn unfinished(db: &PgPool, class: &str) -> anyhow::Result<u64> {
 }
 
 /// Enqueues `n` promo jobs (workers off) and prepares the table as a long-lived queue would be.
-async fn fill(client: &reqwest::Client, base: &str, db: &PgPool, n: u64, tenants: usize) -> anyhow::Result<()> {
+pub(crate) async fn fill(
+    client: &reqwest::Client,
+    base: &str,
+    db: &PgPool,
+    n: u64,
+    tenants: usize,
+) -> anyhow::Result<()> {
     let (_, accepted, _) = post_batch(client, base, batch_body("promo", n, tenants, "d")).await?;
     anyhow::ensure!(accepted == n, "only {accepted} of {n} jobs accepted");
     sqlx::query("VACUUM ANALYZE notification_jobs").execute(db).await?;
@@ -351,7 +257,7 @@ async fn drain_phase(
     let start = db_now(db).await?;
     let cpu_watch = CpuWatch::start();
     let workers = super::start_service(connect, settings.clone()).await?;
-    let peak = watch(db, "promo", n, &bar, Duration::from_secs(60).max(Duration::from_millis(n))).await;
+    let peak = watch(db, "promo", n, &bar, drain_cap(n)).await;
     let cpu = cpu_watch.finish().await;
     super::stop_service(workers).await;
     bar.finish();
@@ -394,11 +300,16 @@ async fn drain_phase(
     })
 }
 
+/// Longest a drain of `n` jobs may take (ours and the peer's): a minute, or 1 ms a job.
+fn drain_cap(n: u64) -> Duration {
+    Duration::from_secs(60).max(Duration::from_millis(n))
+}
+
 /// Polls until no `class` job is unfinished (or `cap` passes), advancing `bar`; returns the peak
 /// one-second rate seen. The poll counts result rows (a narrow table, ~10 ms per 100,000) twice a
 /// second and only checks `class` precisely once that count has reached `total`: the precise count
 /// reads the jobs table itself, and polling it often would steal measurable CPU from the drain.
-async fn watch(
+pub(crate) async fn watch(
     db: &PgPool,
     class: &str,
     total: u64,
@@ -423,83 +334,6 @@ async fn watch(
         anyhow::ensure!(started.elapsed() < cap, "{class}: jobs still unfinished after {cap:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-}
-
-async fn otp_phase(
-    client: &reqwest::Client,
-    base: &str,
-    db: &PgPool,
-    connect: &PgConnectOptions,
-    settings: &Settings,
-    opts: &QueueBenchOptions,
-) -> anyhow::Result<OtpResult> {
-    let n = opts.promo_jobs;
-    fill(client, base, db, n, opts.tenants).await?;
-    let bar = super::bar(opts.progress, "promo drain + OTPs", n, "jobs");
-    let started = Instant::now();
-    let start = db_now(db).await?;
-    let workers = super::start_service(connect, settings.clone()).await?;
-    let stop_otp = CancellationToken::new();
-    let otps = tokio::spawn(otp_load(client.clone(), base.to_string(), opts.otp_rate, stop_otp.clone()));
-    // At least 10 s of OTPs even if promo drains sooner, so the percentiles rest on ~100 samples.
-    let drained = watch(db, "promo", n, &bar, Duration::from_secs(600).max(Duration::from_millis(n))).await;
-    let min_end = started + Duration::from_secs(10);
-    tokio::time::sleep_until(min_end.into()).await;
-    stop_otp.cancel();
-    let otp_tally = otps.await.context("OTP load task")?;
-    let (otp_enqueued, otp_errors) = (otp_tally.ok(), otp_tally.errors);
-    // The last OTPs need a moment to be sent.
-    let finish_by = Instant::now() + Duration::from_secs(20);
-    while unfinished(db, "otp").await? > 0 && Instant::now() < finish_by {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    super::stop_service(workers).await;
-    bar.finish();
-    drained?;
-    let (promo_sent, promo_last): (i64, Option<chrono::DateTime<chrono::Utc>>) = sqlx::query_as(
-        "SELECT count(*), max(finished_at) FROM notification_jobs WHERE class = 'promo' AND status = 'sent'",
-    )
-    .fetch_one(db)
-    .await?;
-    let promo_seconds = promo_last.map_or(f64::NAN, |l| (l - start).as_seconds_f64());
-    let rows: Vec<(String, Option<i64>, Option<i64>)> = sqlx::query_as(
-        "SELECT j.status, \
-                (extract(epoch FROM j.picked_at - j.created_at) * 1e6)::int8, \
-                (extract(epoch FROM r.sent_at - j.created_at) * 1e6)::int8 \
-         FROM notification_jobs j LEFT JOIN notification_results r ON r.job_id = j.id \
-         WHERE j.class = 'otp'",
-    )
-    .fetch_all(db)
-    .await?;
-    let micros = |v: Option<i64>| v.map(|x| x.max(0) as u64);
-    Ok(OtpResult {
-        promo_jobs: n,
-        promo_sent: promo_sent as u64,
-        promo_seconds,
-        otp_rate: opts.otp_rate,
-        otp_enqueued,
-        otp_sent: rows.iter().filter(|r| r.0 == "sent").count() as u64,
-        otp_expired: rows.iter().filter(|r| r.0 == "expired").count() as u64,
-        otp_errors,
-        otp_wait: Latency::from_micros(rows.iter().filter_map(|r| micros(r.1)).collect()),
-        otp_to_sent: Latency::from_micros(rows.iter().filter_map(|r| micros(r.2)).collect()),
-    })
-}
-
-/// Posts one OTP every `1/rate` s (open loop: a slow answer does not delay the next) until `stop`;
-/// a success is a 202.
-async fn otp_load(client: reqwest::Client, base: String, rate: f64, stop: CancellationToken) -> Tally {
-    let url = format!("{base}/v1/notifications");
-    let schedule = Schedule { rate: rate.max(0.01), origin: tokio::time::Instant::now(), calls: None };
-    fixed_rate(schedule, stop, Arc::default(), |i| {
-        let body = format!(
-            r#"{{"class":"otp","tenant":"bank","recipient":"+8490{i:07}","payload":{{"code":"{:06}"}}}}"#,
-            i % 1_000_000
-        );
-        let (client, url) = (client.clone(), url.clone());
-        async move { post_json(&client, &url, body, 202, "").await }
-    })
-    .await
 }
 
 /// The summary table of a report.
@@ -531,6 +365,7 @@ pub fn table(report: &BenchReport<QueueResults>) -> String {
             thousands(r.drain.jobs_per_s),
             "≥ 35,000 jobs/s".into(),
         ],
+        peer_row(&r.drain_peer),
         vec![
             "promo drain with OTPs arriving".into(),
             thousands(r.otp_during_promo.promo_sent as f64),
@@ -556,25 +391,37 @@ pub fn table(report: &BenchReport<QueueResults>) -> String {
             c.cifpool_cores, c.postgres_cores, c.cores
         )),
     ));
+    out.push_str(&format!(
+        "\ncifpool / graphile-worker drain: {} ({})",
+        r.cifpool_over_peer.map_or("-".into(), |x| format!("{x:.2}")),
+        r.drain_peer.settings
+    ));
+    if let PeerOutcome::Ran(run) = &r.drain_peer.outcome
+        && let Some(c) = run.cpu
+    {
+        out.push_str(&format!(
+            "; CPU during its drain: node {:.2} cores, postgres {:.2} cores",
+            c.child_cores, c.postgres_cores
+        ));
+    }
     for note in &report.notes {
         out.push_str(&format!("\nnote: {note}"));
     }
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn batch_body_is_valid_json_with_round_robin_tenants() {
-        let body = batch_body("promo", 5, 2, "x");
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v["class"], "promo");
-        let jobs = v["jobs"].as_array().unwrap();
-        assert_eq!(jobs.len(), 5);
-        assert_eq!(jobs[0]["tenant"], "t000");
-        assert_eq!(jobs[3]["tenant"], "t001");
-        assert_eq!(jobs[4]["recipient"], "device-x-4");
+/// The peer's row of the table: its figures, or why there are none.
+fn peer_row(peer: &PeerDrain) -> Vec<String> {
+    let label = format!("drain, {} (peer)", peer.peer);
+    match &peer.outcome {
+        PeerOutcome::Ran(run) => vec![
+            label,
+            thousands(run.jobs as f64),
+            format!("{:.2}", run.seconds),
+            thousands(run.jobs_per_s),
+            String::new(),
+        ],
+        PeerOutcome::Skipped { .. } => vec![label, "-".into(), "-".into(), "-".into(), "skipped (see note)".into()],
+        PeerOutcome::Failed { .. } => vec![label, "-".into(), "-".into(), "-".into(), "failed (see note)".into()],
     }
 }

@@ -102,7 +102,7 @@ fn proc_field(path: &str, key: &str) -> Option<String> {
 }
 
 /// Latency percentiles of a set of samples, milliseconds.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq)]
 pub struct Latency {
     /// Number of samples.
     pub samples: usize,

@@ -6,7 +6,9 @@
 //! - The service runs in-process (the real [`cifpool::startup::Application`], its configured database pool size and
 //!   timeouts) on a bench pool (`bench`, the default `individual` format under prefix 7) whose own
 //!   refill never triggers during a level; the queue workers are off. The load generator is a reqwest
-//!   client (keep-alive connection pool) with one tokio task per concurrent client, closed loop.
+//!   client (keep-alive connection pool) with one tokio task per concurrent client, closed loop, in a
+//!   child process of its own ([`super::loadgen`]), so the CPU split tells the service, the load
+//!   generator and Postgres apart.
 //! - The raw side runs [`cifpool::cif::store::reserve_sql`] through `pgbench -M prepared` at the same
 //!   concurrency (`$n` binds turned into pgbench variables), or an in-process sqlx loop (one connection
 //!   per client, same statement, prepared) when pgbench is missing.
@@ -19,21 +21,18 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio_util::sync::CancellationToken;
 
 use super::cpu::{CpuSplit, CpuWatch};
+use super::loadgen::{LoadGenerator, Placement};
 use super::raw::{RawMethod, pgbench_level, sqlx_level};
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
-use super::{BenchArgs, RawMode, bench_pool, find_pgbench, scratch_dir, ticker};
-use crate::load::{Schedule, Tally, fixed_rate};
+use super::{BenchArgs, RawMode, bench_pool, find_pgbench, scratch_dir};
 use cifpool::cif::Pool;
 use cifpool::cif::refill::{RefillOptions, RefillOutcome, refill};
 use cifpool::config::Settings;
@@ -61,6 +60,8 @@ pub struct ReserveOptions {
     pub raw: RawMode,
     /// Directory for pgbench's script and logs (a `pgbench/` scratch directory is made inside).
     pub scratch: PathBuf,
+    /// Where the HTTP load generator runs.
+    pub load: Placement,
     /// Draw progress bars.
     #[serde(skip)]
     pub progress: bool,
@@ -76,13 +77,18 @@ impl ReserveOptions {
             auth_concurrency: args.auth_concurrency,
             raw: args.raw,
             scratch: args.out.clone(),
+            load: Placement::choose(
+                args.load_in_process,
+                args.client_bin.as_deref(),
+                std::env::current_exe().ok().as_deref(),
+            ),
             progress: !args.no_progress,
         }
     }
 }
 
 /// The service side of one level.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ServiceLevel {
     /// Concurrent clients.
     pub concurrency: usize,
@@ -100,7 +106,8 @@ pub struct ServiceLevel {
     pub per_second: Vec<u64>,
     /// Available codes in the pool when the level started.
     pub available_before: u64,
-    /// Where the CPU went during the level (cifpool here is the service and its HTTP load generator).
+    /// Where the CPU went during the level: `cifpool` the service (and the load generator when it ran
+    /// in-process), `child` the load generator's process.
     pub cpu: Option<CpuSplit>,
 }
 
@@ -143,7 +150,7 @@ pub struct Level {
 }
 
 /// The fixed-rate (open-loop) run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct FixedRate {
     /// Requested rate, req/s.
     pub target_rate: f64,
@@ -159,6 +166,9 @@ pub struct FixedRate {
     pub errors: BTreeMap<String, u64>,
     /// Most requests in flight at once.
     pub max_in_flight: usize,
+    /// Where the CPU went during the run (as for a level).
+    #[serde(default)]
+    pub cpu: Option<CpuSplit>,
 }
 
 /// What checking API keys costs: the same closed loop against the service with authentication and
@@ -206,6 +216,11 @@ pub async fn run(
     let service = super::start_service(connect, app_settings).await?;
     let pool = service.state.pools.get(POOL).cloned().context("bench pool missing")?;
 
+    if let Placement::InProcess { reason } = &opts.load {
+        notes.push(format!(
+            "the HTTP load generator ran inside the service's process ({reason}): cifpool CPU includes it"
+        ));
+    }
     let raw_method = match opts.raw {
         RawMode::None => None,
         RawMode::Sqlx => Some(RawMethod::Sqlx),
@@ -227,7 +242,8 @@ pub async fn run(
     };
 
     let result = async {
-        let client = super::client(connect, Duration::from_secs(30)).await?;
+        let key = super::api_key(connect).await?;
+        let load = LoadGenerator::new(opts.load.clone(), key, Duration::from_secs(30))?;
         let url = format!("{}/v1/cif", service.base_url);
         let secs = opts.seconds;
         let mut best_rate = INITIAL_RATE_GUESS;
@@ -235,9 +251,7 @@ pub async fn run(
         for &c in &opts.concurrency {
             let need = (best_rate * 1.5 * secs as f64 * 1.5) as u64 + 1000;
             let available_before = reset(&harness, &pool, need).await?;
-            let watch = CpuWatch::start();
-            let mut service = closed_loop(&client, &url, c, secs, opts.progress).await;
-            service.cpu = watch.finish().await;
+            let mut service = load.closed(&url, c, secs, opts.progress).await?;
             service.available_before = available_before;
             best_rate = best_rate.max(service.rate_per_s);
             if !service.errors.is_empty() {
@@ -284,7 +298,7 @@ pub async fn run(
                 reset(&harness, &pool, (best_rate * 1.5 * secs as f64 * 1.5) as u64 + 1000).await?;
                 let checked = round % 2 == 0;
                 let target = if checked { &url } else { &open_url };
-                let level = closed_loop(&client, target, c, secs, opts.progress).await;
+                let level = load.closed(target, c, secs, opts.progress).await?;
                 if !level.errors.is_empty() {
                     notes.push(format!("auth A/B (checked: {checked}): non-201 responses {:?}", level.errors));
                 }
@@ -299,7 +313,7 @@ pub async fn run(
         };
         let fixed_rate = if opts.rate > 0.0 {
             reset(&harness, &pool, (opts.rate * secs as f64 * 1.5) as u64 + 1000).await?;
-            let fixed = open_loop(&client, &url, opts.rate, secs, opts.progress).await;
+            let fixed = load.open(&url, opts.rate, secs, opts.progress).await?;
             if !fixed.errors.is_empty() {
                 notes.push(format!("fixed rate: non-201 responses {:?}", fixed.errors));
             }
@@ -343,7 +357,11 @@ pub async fn run(
         "pool": { "name": POOL, "digits": 9, "check": "damm", "prefix": "7" },
         "service_database_max_connections": db_settings.max_connections,
         "service_database_acquire_timeout_ms": db_settings.acquire_timeout.as_millis() as u64,
-        "client": "reqwest, keep-alive pool, one tokio task per client, in the same process as the service",
+        "client": match &opts.load {
+            Placement::Process { .. } => "reqwest, keep-alive pool, one tokio task per client, in a child process (cifpool-tools bench-client reserve) per run",
+            Placement::InProcess { .. } => "reqwest, keep-alive pool, one tokio task per client, in the same process as the service",
+        },
+        "load_generator": opts.load,
         "pgbench": "pgbench -n -M prepared -c C -j min(C,2) -T secs -f claim.sql -D lim=1 -D lease=3600 -D pool_id=ID -D holder=bench -D actor=bench-raw -D request_id=raw -D pool_name=bench -l",
     });
     Ok(BenchReport { target: "reserve".into(), parameters, machine, results, notes })
@@ -394,100 +412,6 @@ async fn reserved_count(db: &PgPool, pool: &Pool) -> anyhow::Result<u64> {
     Ok(n as u64)
 }
 
-const BODY: &str = r#"{"customer_type":"bench"}"#;
-
-async fn send(client: &reqwest::Client, url: &str) -> Result<(), String> {
-    let request = client.post(url).header("content-type", "application/json").header("x-holder", HOLDER).body(BODY);
-    match request.send().await {
-        Ok(resp) => {
-            let status = resp.status().as_u16();
-            // Read the body so the connection goes back to the pool.
-            let _ = resp.bytes().await;
-            if status == 201 { Ok(()) } else { Err(status.to_string()) }
-        }
-        Err(_) => Err("transport".into()),
-    }
-}
-
-/// `c` clients, each sending its next request when the previous one answered, for `secs`.
-async fn closed_loop(client: &reqwest::Client, url: &str, c: usize, secs: u64, progress: bool) -> ServiceLevel {
-    let bar = super::bar(progress, &format!("service c={c}"), secs, "s");
-    let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs(secs);
-    let (stop, tick) = ticker(bar, started, done.clone(), secs * 1000);
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..c {
-        let (client, url, done) = (client.clone(), url.to_string(), done.clone());
-        tasks.spawn(async move {
-            let mut tally = Tally::default();
-            loop {
-                let t0 = Instant::now();
-                if t0 >= deadline {
-                    break;
-                }
-                let outcome = send(&client, &url).await;
-                let end = Instant::now();
-                if outcome.is_ok() {
-                    done.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                tally.record(outcome, end - t0, end - started);
-            }
-            tally
-        });
-    }
-    let mut all = Tally::default();
-    while let Some(t) = tasks.join_next().await {
-        if let Ok(t) = t {
-            all.merge(t);
-        }
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    let _ = stop.send(());
-    let _ = tick.await;
-    let reservations = all.ok();
-    ServiceLevel {
-        concurrency: c,
-        seconds,
-        reservations,
-        rate_per_s: reservations as f64 / seconds,
-        latency: Latency::from_micros(all.latencies_us),
-        errors: all.errors,
-        per_second: all.per_second,
-        available_before: 0,
-        cpu: None,
-    }
-}
-
-async fn open_loop(client: &reqwest::Client, url: &str, rate: f64, secs: u64, progress: bool) -> FixedRate {
-    let bar = super::bar(progress, &format!("service {rate:.0} req/s"), secs, "s");
-    let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let (stop, tick) = ticker(bar, started, done.clone(), secs * 1000);
-    let schedule = Schedule::for_duration(rate, Duration::from_secs(secs));
-    let scheduled = schedule.calls.unwrap_or_default();
-    let all = fixed_rate(schedule, CancellationToken::new(), done, |_| {
-        let (client, url) = (client.clone(), url.to_string());
-        async move { send(&client, &url).await }
-    })
-    .await;
-    let seconds = started.elapsed().as_secs_f64();
-    let _ = stop.send(());
-    let _ = tick.await;
-    let reservations = all.ok();
-    FixedRate {
-        target_rate: rate,
-        scheduled,
-        reservations,
-        achieved_rate: reservations as f64 / seconds,
-        latency: Latency::from_micros(all.latencies_us),
-        errors: all.errors,
-        max_in_flight: all.max_in_flight,
-    }
-}
-
 /// The summary table of a report.
 pub fn table(report: &BenchReport<ReserveResults>) -> String {
     let mut rows = Vec::new();
@@ -507,23 +431,17 @@ pub fn table(report: &BenchReport<ReserveResults>) -> String {
     }
     let mut out =
         format!("reserve: POST /v1/cif vs raw claim ({}), {} s per level\n", raw_name(report), seconds(report));
-    let cpu_rows: Vec<Vec<String>> = report
+    let fixed_cpu = report.results.fixed_rate.as_ref().and_then(|f| Some((f.target_rate, f.cpu?)));
+    let cpu_rows: Vec<(String, CpuSplit)> = report
         .results
         .levels
         .iter()
         .flat_map(|l| {
-            let service = l.service.cpu.map(|c| ("service", l.concurrency, c));
-            let raw = l.raw.as_ref().and_then(|r| r.cpu).map(|c| ("raw", l.concurrency, c));
+            let service = l.service.cpu.map(|cpu| (format!("service c={}", l.concurrency), cpu));
+            let raw = l.raw.as_ref().and_then(|r| r.cpu).map(|cpu| (format!("raw c={}", l.concurrency), cpu));
             service.into_iter().chain(raw)
         })
-        .map(|(side, c, cpu)| {
-            vec![
-                format!("{side} c={c}"),
-                format!("{:.2}", cpu.cifpool_cores),
-                format!("{:.2}", cpu.postgres_cores),
-                format!("{:.2}", cpu.pgbench_cores),
-            ]
-        })
+        .chain(fixed_cpu.map(|(rate, cpu)| (format!("service {} req/s", thousands(rate)), cpu)))
         .collect();
     out.push_str(&text_table(
         &["clients", "service/s", "p50 ms", "p99 ms", "raw/s", "raw p50", "raw p99", "service/raw"],
@@ -551,8 +469,12 @@ pub fn table(report: &BenchReport<ReserveResults>) -> String {
         ));
     }
     if !cpu_rows.is_empty() {
-        out.push_str("\nwhere the CPU went (cores busy on average; cifpool = service + its HTTP load generator):\n");
-        out.push_str(&text_table(&["phase", "cifpool", "postgres", "pgbench"], &cpu_rows));
+        let split = match report.parameters["load_generator"]["kind"].as_str() {
+            Some("process") => "service = the service's process, load gen = the HTTP load generator's process",
+            _ => "service = the service's process, with the HTTP load generator in it",
+        };
+        out.push_str(&format!("\nwhere the CPU went (cores busy on average; {split}):\n"));
+        out.push_str(&super::cpu::table("service", "load gen", &cpu_rows));
     }
     for note in &report.notes {
         out.push_str(&format!("\nnote: {note}"));

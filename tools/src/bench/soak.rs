@@ -24,7 +24,7 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
-use super::queue::batch_body;
+use super::enqueue::batch_body;
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
 use super::{BenchArgs, bench_pool, db_now, use_noop_providers};
 use crate::load::{Schedule, Tally, fixed_rate, post_json};
