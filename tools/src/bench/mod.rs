@@ -415,5 +415,6 @@ pub(crate) fn scratch_dir(dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
         std::fs::remove_dir_all(&path).with_context(|| format!("clearing {}", path.display()))?;
     }
     std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
-    Ok(path)
+    // Absolute: pgbench and the peer's node run their scripts from other working directories.
+    std::path::absolute(&path).with_context(|| format!("resolving {}", path.display()))
 }
