@@ -91,11 +91,16 @@ async fn text_of_page(client: &Client) -> String {
     client.find(Locator::Css("main")).await.unwrap().text().await.unwrap()
 }
 
-/// Clicks the submit button of the form whose `action` is `action`.
-async fn press(client: &Client, action: &str) {
+/// Clicks the submit button of the form whose `action` is `action`, then waits for the page that follows
+/// to show `expect` (waiting for any element would find the old page's before the browser leaves it).
+async fn press(client: &Client, action: &str, expect: &str) {
     let selector = format!("form[action=\"{action}\"] button[type=submit]");
     client.find(Locator::Css(&selector)).await.unwrap_or_else(|e| panic!("{selector}: {e}")).click().await.unwrap();
-    client.wait().for_element(Locator::Css("main")).await.unwrap();
+    let xpath = format!("//main[contains(., '{expect}')]");
+    if let Err(e) = client.wait().at_most(Duration::from_secs(15)).for_element(Locator::XPath(&xpath)).await {
+        let page = client.source().await.unwrap_or_default();
+        panic!("after pressing {action}, no page showed {expect:?} ({e}); the page: {page}");
+    }
 }
 
 #[tokio::test]
@@ -123,24 +128,21 @@ async fn an_operator_signs_in_refills_retries_a_dead_letter_and_pauses_a_class_i
         assert!(client.current_url().await.unwrap().path().ends_with("/console/sign-in"));
         save(&client, "1-sign-in").await;
         client.find(Locator::Css("#key")).await.unwrap().send_keys(&e.app.key).await.unwrap();
-        press(&client, "/console/sign-in").await;
+        press(&client, "/console/sign-in", "Codes ready to reserve").await;
         assert!(client.current_url().await.unwrap().path().ends_with("/console/pools"));
 
-        press(&client, "/console/pools/individual/refill").await;
-        let text = text_of_page(&client).await;
-        assert!(text.contains("Refill of individual: refilled"), "{text}");
+        press(&client, "/console/pools/individual/refill", "Refill of individual: refilled").await;
         save(&client, "2-pools-after-refill").await;
 
         client.goto(&e.app.url("/console/dead-letters")).await.unwrap();
         save(&client, "3-dead-letters").await;
-        press(&client, &format!("/console/dead-letters/{}/retry", dead[0])).await;
-        let text = text_of_page(&client).await;
-        assert!(text.contains(&format!("Job {} is back in the queue", dead[0])), "{text}");
+        let retried = format!("Job {} is back in the queue", dead[0]);
+        press(&client, &format!("/console/dead-letters/{}/retry", dead[0]), &retried).await;
 
         client.goto(&e.app.url("/console/queue")).await.unwrap();
-        press(&client, "/console/queue/classes/promo/pause").await;
+        press(&client, "/console/queue/classes/promo/pause", "Paused class promo for every pod.").await;
         let text = text_of_page(&client).await;
-        assert!(text.contains("Paused class promo for every pod."), "{text}");
+        assert!(text.contains("paused") && text.contains("Resume"), "{text}");
         save(&client, "4-queue-promo-paused").await;
 
         client.set_window_size(390, 844).await.unwrap();
