@@ -106,24 +106,17 @@ pub async fn queue(operator: Operator, State(state): State<AppState>) -> Result<
     )
 }
 
-/// The filter of the Dead letters page, as its form sends it (empty fields match everything).
-#[derive(Debug, Default, Deserialize, Serialize)]
-pub struct DeadLetterFilterForm {
-    /// Class.
-    #[serde(default)]
-    pub class: Option<String>,
-    /// Tenant.
-    #[serde(default)]
-    pub tenant: Option<String>,
-    /// Text the last error contains.
-    #[serde(default)]
-    pub error: Option<String>,
-}
+/// The filter of the Dead letters page as its form sends it: the domain's filter, except that a form
+/// sends an empty field for "any".
+#[derive(Debug, Default, Deserialize)]
+#[serde(transparent)]
+pub struct DeadLetterFilterForm(pub DlqFilter);
 
 impl DeadLetterFilterForm {
     /// The filter the domain takes, checked.
     pub fn filter(&self) -> Result<DlqFilter, ConsoleError> {
-        let filter = DlqFilter { class: given(&self.class), tenant: given(&self.tenant), error: given(&self.error) };
+        let DlqFilter { class, tenant, error } = &self.0;
+        let filter = DlqFilter { class: given(class), tenant: given(tenant), error: given(error) };
         filter.validate().map_err(ConsoleError::BadRequest)?;
         Ok(filter)
     }
