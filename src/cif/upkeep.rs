@@ -38,6 +38,19 @@ pub async fn run_refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result
     Ok(summary)
 }
 
+/// Runs a refill someone asked for (an admin request, a console button) on its own task in `runs`
+/// and waits for it: a request timeout or a client that goes away leaves the run to finish (and
+/// release the pool's lock) instead of cutting it short. The outer error is the task's panic.
+pub async fn refill_requested(
+    db: &PgPool,
+    runs: &TaskTracker,
+    pool: Arc<Pool>,
+    opts: RefillOptions,
+) -> Result<Result<RefillSummary, sqlx::Error>, tokio::task::JoinError> {
+    let db = db.clone();
+    runs.spawn(async move { run_refill(&db, &pool, opts).await }).await
+}
+
 /// Whether `interval_ms` has passed since `last` (unix millis), claiming the turn if so: of many
 /// callers at once, one gets it.
 fn take_turn(last: &AtomicI64, interval_ms: i64) -> bool {

@@ -10,8 +10,8 @@ use serde::Deserialize;
 use crate::auth::api_key::{self, KeyError, NewKey};
 use crate::cif::refill::RefillOptions;
 use crate::cif::{Pool, reclaim, upkeep};
-use crate::console::extract::{Action, ConsoleError, given, render};
-use crate::console::pages::DeadLetterFilterForm;
+use crate::console::extract::{Action, ConsoleError, given};
+use crate::console::pages::{DeadLetterFilterForm, framed};
 use crate::queue::dlq::{self, DeadLetterAction, Replay};
 use crate::queue::pause::{self, PauseKind};
 use crate::state::AppState;
@@ -37,10 +37,9 @@ pub async fn refill(
     let pool = pool(&state, &name)?;
     let opts = RefillOptions { force: form.force.is_some(), actor: operator.actor.clone() };
     tracing::info!(pool = pool.name(), force = opts.force, actor = %operator.actor.name, "console refill");
-    // As for the API: the run is its own task, so a browser that gives up does not cut it short.
-    let db = state.db.clone();
-    let run = state.upkeep.spawn(async move { upkeep::run_refill(&db, &pool, opts).await });
-    let summary = run.await.map_err(|e| ConsoleError::Unavailable(format!("the refill task failed: {e}")))??;
+    let summary = upkeep::refill_requested(&state.db, &state.upkeep, pool, opts)
+        .await
+        .map_err(|e| ConsoleError::Unavailable(format!("the refill task failed: {e}")))??;
     let notice = format!(
         "Refill of {name}: {}, {} codes added in {} batches ({:.0} ms).",
         summary.outcome.label(),
@@ -159,17 +158,13 @@ pub async fn replay_preview(
         let back = form.filter.back()?;
         return Ok(Err(operator.done(&state, "No dead letters match that filter: nothing to replay.", &back).await?));
     }
-    let context = minijinja::context! {
-        title => "Confirm replay",
-        page => "dead_letters",
-        operator => &operator.actor.name,
-        csrf => &operator.session.csrf,
+    let body = minijinja::context! {
         count,
         rate => replay.rate_per_sec,
         seconds => (count as f64 / replay.rate_per_sec).ceil(),
         filter => Serde(&replay.filter),
     };
-    Ok(Ok(render("replay_confirm.html", context)?))
+    Ok(Ok(framed(&operator, "replay_confirm.html", "dead_letters", "Confirm replay", body)?))
 }
 
 /// Replays the confirmed number of dead letters (`POST /admin/dlq/replay`); jobs that died since the
@@ -210,14 +205,7 @@ pub async fn create_key(
     let new = NewKey { name: field("name").unwrap_or_default().trim().to_string(), scopes, tenants };
     let created = api_key::create(&state.db, &operator.actor, &new).await?;
     tracing::info!(key = %created.name, scopes = ?created.scopes, actor = %operator.actor.name, "API key created from the console");
-    let context = minijinja::context! {
-        title => "Key created",
-        page => "keys",
-        operator => &operator.actor.name,
-        csrf => &operator.session.csrf,
-        created => Serde(&created),
-    };
-    render("key_created.html", context)
+    framed(&operator, "key_created.html", "keys", "Key created", minijinja::context! { created => Serde(&created) })
 }
 
 /// Revokes a key (`DELETE /admin/keys/{name}`); its console sessions end with it.

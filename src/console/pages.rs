@@ -39,15 +39,27 @@ pub fn when(at: Option<DateTime<Utc>>) -> String {
     format!("{} ({})", at.format("%Y-%m-%d %H:%M:%S UTC"), ago(at))
 }
 
-/// The common frame of every signed-in page.
-fn page(operator: &Operator, page: &str, title: &str, body: minijinja::Value) -> Result<Html<String>, ConsoleError> {
+/// Renders `template` in the frame of every signed-in page: `page` is the navigation entry it sits
+/// under, and the session gives the operator's name, the CSRF token of its forms and the notice.
+pub(crate) fn framed(
+    operator: &Operator,
+    template: &str,
+    page: &str,
+    title: &str,
+    body: minijinja::Value,
+) -> Result<Html<String>, ConsoleError> {
     let frame = minijinja::context! {
         page, title,
         operator => &operator.actor.name,
         csrf => &operator.session.csrf,
         notice => &operator.session.notice,
     };
-    render(&format!("{page}.html"), minijinja::context! { ..frame, ..body })
+    render(template, minijinja::context! { ..frame, ..body })
+}
+
+/// A navigation entry's own page (template `{page}.html`).
+fn page(operator: &Operator, page: &str, title: &str, body: minijinja::Value) -> Result<Html<String>, ConsoleError> {
+    framed(operator, &format!("{page}.html"), page, title, body)
 }
 
 #[derive(Serialize)]

@@ -58,11 +58,9 @@ async fn refill(
         .ok_or_else(|| ApiError::NotFound(format!("unknown customer_type {customer_type:?}")))?;
     tracing::info!(pool = pool.name(), force = q.force, actor = %auth.actor.name, "admin refill");
     let opts = RefillOptions { force: q.force, actor: auth.actor };
-    // The refill runs on its own task and the request only waits for it: a request timeout or a client
-    // that goes away leaves the run to finish (and release the pool's lock) instead of cutting it short.
-    let (db, pool) = (state.db.clone(), pool.clone());
-    let run = state.upkeep.spawn(async move { upkeep::run_refill(&db, &pool, opts).await });
-    let summary = run.await.map_err(|e| ApiError::Internal(anyhow::anyhow!("refill task: {e}")))??;
+    let summary = upkeep::refill_requested(&state.db, &state.upkeep, pool.clone(), opts)
+        .await
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!("refill task: {e}")))??;
     Ok(Json(summary))
 }
 

@@ -160,20 +160,11 @@ pub async fn enqueue_batch(
     let mut tx = db.begin().await?;
     // A large batch is one transaction of several statements; give each the time it needs.
     sqlx::query("SET LOCAL statement_timeout = '60s'").execute(&mut *tx).await?;
-    let mut tenants: Vec<&str> = jobs.iter().map(|j| j.tenant.as_str()).collect();
+    let mut tenants: Vec<String> = jobs.iter().map(|j| j.tenant.clone()).collect();
     tenants.sort_unstable();
     tenants.dedup();
-    let batch_id: i64 = sqlx::query_scalar(
-        "INSERT INTO notification_batches (created_by, first_job_id, last_job_id, jobs, tenants) \
-         VALUES ($1, 0, 0, 0, $2) RETURNING id",
-    )
-    .bind(created_by)
-    .bind(&tenants)
-    .fetch_one(&mut *tx)
-    .await?;
-    // Job ids come from a sequence (no cache): every id this insert takes lies above the value read now
-    // and at or below the one read after it, whatever other inserts interleave.
-    let before = last_job_id(&mut tx).await?;
+    let batch = open_batch(&mut tx, created_by, &tenants).await?;
+    let batch_id = batch.id;
     // The transaction's `now()`, which every row's `run_after` and `deadline` count from.
     let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
     let due: Vec<bool> = jobs.iter().map(|j| due_now(delay, j.run_at, now)).collect();
@@ -195,20 +186,55 @@ pub async fn enqueue_batch(
     } else {
         insert_keyed(&mut tx, rt, rows).await?
     };
-    let after = last_job_id(&mut tx).await?;
-    sqlx::query("UPDATE notification_batches SET first_job_id = $2, last_job_id = $3, jobs = $4 WHERE id = $1")
-        .bind(batch_id)
-        .bind(before + 1)
-        .bind(after)
-        .bind(inserted.values().sum::<u64>() as i64)
-        .execute(&mut *tx)
-        .await?;
+    close_batch(&mut tx, batch, inserted.values().sum()).await?;
     tx.commit().await?;
     Ok(BatchInserted { per_class: inserted, batch_id })
 }
 
+/// A batch whose row exists and whose jobs are being inserted in the same transaction.
+pub(crate) struct OpenBatch {
+    /// The batch's id (`notification_jobs.batch_id` of its jobs).
+    pub id: i64,
+    /// The job id sequence's value before the batch's jobs.
+    before: i64,
+}
+
+/// Creates the row of a batch by `created_by` for `tenants` (sorted, distinct); its job id range and
+/// count are filled by [`close_batch`] once its jobs are in.
+pub(crate) async fn open_batch(
+    tx: &mut sqlx::PgConnection,
+    created_by: &str,
+    tenants: &[String],
+) -> Result<OpenBatch, sqlx::Error> {
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO notification_batches (created_by, first_job_id, last_job_id, jobs, tenants) \
+         VALUES ($1, 0, 0, 0, $2) RETURNING id",
+    )
+    .bind(created_by)
+    .bind(tenants)
+    .fetch_one(&mut *tx)
+    .await?;
+    // Job ids come from a sequence (no cache): every id the batch's insert takes lies above the value
+    // read now and at or below the one read after it, whatever other inserts interleave.
+    let before = last_job_id(tx).await?;
+    Ok(OpenBatch { id, before })
+}
+
+/// Records the job id range and the number of jobs `batch` inserted (what batch status and cancel read).
+pub(crate) async fn close_batch(tx: &mut sqlx::PgConnection, batch: OpenBatch, jobs: u64) -> Result<(), sqlx::Error> {
+    let after = last_job_id(&mut *tx).await?;
+    sqlx::query("UPDATE notification_batches SET first_job_id = $2, last_job_id = $3, jobs = $4 WHERE id = $1")
+        .bind(batch.id)
+        .bind(batch.before + 1)
+        .bind(after)
+        .bind(jobs as i64)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
 /// The job id sequence's last value (0 before any job).
-pub(crate) async fn last_job_id(tx: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
+async fn last_job_id(tx: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('notification_jobs', 'id')::regclass), 0)",
     )

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row as _};
 
 use crate::queue::batch::parse::Parsed;
-use crate::queue::enqueue::{last_job_id, reserve_fair_keys, weight};
+use crate::queue::enqueue::{close_batch, open_batch, reserve_fair_keys, weight};
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
 
@@ -95,17 +95,8 @@ pub async fn insert(
     traceparent: Option<String>,
 ) -> Result<Stored, sqlx::Error> {
     let defaults = &parsed.verdict.defaults;
-    let batch_id: i64 = sqlx::query_scalar(
-        "INSERT INTO notification_batches (created_by, first_job_id, last_job_id, jobs, tenants) \
-         VALUES ($1, 0, 0, 0, $2) RETURNING id",
-    )
-    .bind(created_by)
-    .bind(&parsed.verdict.tenants)
-    .fetch_one(&mut *tx)
-    .await?;
-    // Job ids come from a sequence (no cache): every id this insert takes lies above the value read now
-    // and at or below the one read after it, whatever other inserts interleave.
-    let before = last_job_id(&mut *tx).await?;
+    let batch = open_batch(tx, created_by, &parsed.verdict.tenants).await?;
+    let batch_id = batch.id;
     // Deadlines and `run_after` count from now, when the batch is stored, not from the start of the
     // upload (the transaction's `now()`).
     let at: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(&mut *tx).await?;
@@ -136,14 +127,7 @@ pub async fn insert(
         query.execute(&mut *tx).await?;
         parsed.verdict.per_class.clone()
     };
-    let after = last_job_id(&mut *tx).await?;
-    sqlx::query("UPDATE notification_batches SET first_job_id = $2, last_job_id = $3, jobs = $4 WHERE id = $1")
-        .bind(batch_id)
-        .bind(before + 1)
-        .bind(after)
-        .bind(per_class.values().sum::<u64>() as i64)
-        .execute(&mut *tx)
-        .await?;
+    close_batch(tx, batch, per_class.values().sum()).await?;
     Ok(Stored { per_class, batch_id })
 }
 
