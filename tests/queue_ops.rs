@@ -19,7 +19,7 @@ use cifpool::queue::worker::Outcome;
 use common::queue_env::{Env, drain, env, env_with};
 use common::{
     FakeServer, TEST_ADMIN_TOKEN, TestApp, assert_problem, client_with_key, create_key, fake_server, fresh_database,
-    spawn_app_with, test_settings_with_pools, use_fake_providers,
+    spawn_app_with, spawn_passive_app, test_settings_with_pools, use_fake_providers,
 };
 use serde_json::{Value, json};
 
@@ -247,6 +247,46 @@ async fn canceling_a_100k_batch_while_workers_run_leaves_no_job_both_canceled_an
     let view = get_json(&e.app, &format!("/v1/notifications/batches/{batch_id}")).await;
     assert_eq!(view["by_status"], json!({ "canceled": canceled, "sent": sent }));
     assert!(audit_count(&e, "batch.canceled").await >= 1);
+}
+
+/// A batch cancel that outlives its request still cancels the whole batch: the walk is a task of its
+/// own, so the deadline cutting the request (or a client giving up) cannot stop it between chunks and
+/// leave the rest of the batch to be sent.
+#[tokio::test]
+async fn a_batch_cancel_cut_by_its_deadline_still_cancels_every_job() {
+    let e = env_with(|s| s.queue.max_batch = 45_000).await;
+    let batch = e.batch("promo", "shop", 45_000).await;
+    let batch_id = batch["batch_id"].as_i64().unwrap();
+    // A second instance on the same database whose batch deadline is short.
+    let mut settings = test_settings_with_pools(&e.db.url);
+    use_fake_providers(&mut settings, &e.sms, &e.push);
+    settings.queue.batch_timeout = Duration::from_millis(300);
+    let hasty = spawn_passive_app(settings).await;
+
+    // Audit rows wait behind this lock, so the first chunk's statement (which writes one) cannot
+    // finish before the deadline.
+    let mut blocker = e.db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE audit_events IN SHARE ROW EXCLUSIVE MODE").execute(&mut *blocker).await.unwrap();
+    let r = post(&hasty, &format!("/v1/notifications/batches/{batch_id}/cancel")).await;
+    assert_eq!(r.status(), 503, "the request is cut at queue.batch_timeout");
+    blocker.commit().await.unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let view = loop {
+        let view = get_json(&e.app, &format!("/v1/notifications/batches/{batch_id}")).await;
+        if view["by_status"] == json!({ "canceled": 45_000 }) || Instant::now() > deadline {
+            break view;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(view["by_status"], json!({ "canceled": 45_000 }), "every chunk ran after the request was cut");
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum((detail->>'canceled')::int8), 0)::int8 FROM audit_events WHERE action = 'batch.canceled'",
+    )
+    .fetch_one(&e.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(audited, 45_000, "each chunk's audit row counts its jobs");
 }
 
 /// Settings of one of two full instances (background tasks on) sharing `sms` and `push`.

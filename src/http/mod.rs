@@ -47,9 +47,13 @@ pub fn app(state: AppState) -> Router {
     let bulk = notifications::batch_router(&state)
         .layer(RequestBodyLimitLayer::new(queue.batch_body_limit_bytes))
         .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, queue.batch_timeout));
+    let bulk_cancel = notifications::batch_cancel_router()
+        .layer(RequestBodyLimitLayer::new(server.body_limit_bytes))
+        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, queue.batch_timeout));
     Router::new()
         .merge(ordinary)
         .merge(bulk)
+        .merge(bulk_cancel)
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .layer(middleware)
         .with_state(state)

@@ -24,7 +24,13 @@ pub fn router() -> Router<AppState> {
         .route("/v1/notifications/{id}", get(get_job))
         .route("/v1/notifications/{id}/cancel", post(cancel_job))
         .route("/v1/notifications/batches/{id}", get(get_batch))
-        .route("/v1/notifications/batches/{id}/cancel", post(cancel_batch))
+}
+
+/// The batch cancel route, which gets the batch deadline (`queue.batch_timeout`) rather than the
+/// ordinary one: canceling a batch of hundreds of thousands of jobs takes longer than any single
+/// request should, and the caller wants the count of the whole walk.
+pub fn batch_cancel_router() -> Router<AppState> {
+    Router::new().route("/v1/notifications/batches/{id}/cancel", post(cancel_batch))
 }
 
 /// The batch route, which carries its own (large) body limit, and at most `max_concurrent_batches`
@@ -189,7 +195,9 @@ async fn cancel_batch(
     Path(id): Path<String>,
 ) -> Result<Json<BatchCanceled>, ApiError> {
     let batch = authorized_batch(&auth, &state, &id).await?;
-    let canceled = cancel::cancel_batch(&state.db, &batch, &auth.actor).await?;
-    tracing::info!(batch = batch.id, canceled, actor = %auth.actor.name, "batch canceled");
-    Ok(Json(BatchCanceled { batch_id: batch.id, canceled }))
+    let batch_id = batch.id;
+    let canceled = cancel::cancel_batch_detached(&state.db, &state.upkeep, batch, auth.actor)
+        .await
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!("batch cancel task: {e}")))??;
+    Ok(Json(BatchCanceled { batch_id, canceled }))
 }

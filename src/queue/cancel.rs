@@ -8,6 +8,7 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
+use tokio_util::task::TaskTracker;
 
 use crate::audit::{Actor, Columns, action, audited, insert_from};
 use crate::claim::Pick;
@@ -176,4 +177,28 @@ pub async fn cancel_batch(db: &PgPool, batch: &Batch, actor: &Actor) -> Result<u
             _ => return Ok(total),
         }
     }
+}
+
+/// Runs [`cancel_batch`] as a task of `runs` and waits for its count: the walk goes on to the end even
+/// when the request that asked for it is cut by its deadline or its client goes away (a walk stopped
+/// half-way leaves the rest of the batch waiting to be sent), and shutdown waits for it. The task logs
+/// its outcome itself, since nobody may be left to hear it.
+pub async fn cancel_batch_detached(
+    db: &PgPool,
+    runs: &TaskTracker,
+    batch: Batch,
+    actor: Actor,
+) -> Result<Result<u64, sqlx::Error>, tokio::task::JoinError> {
+    let db = db.clone();
+    runs.spawn(async move {
+        let started = std::time::Instant::now();
+        let outcome = cancel_batch(&db, &batch, &actor).await;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        match &outcome {
+            Ok(canceled) => tracing::info!(batch = batch.id, canceled, ms, actor = %actor.name, "batch canceled"),
+            Err(e) => tracing::warn!(batch = batch.id, ms, actor = %actor.name, error = %e, "batch cancel failed"),
+        }
+        outcome
+    })
+    .await
 }
