@@ -1,7 +1,6 @@
-//! Inserting validated jobs: weighted-fair keys per tenant, one job, or a batch by `COPY` (no
-//! idempotency keys) or by array binds (with keys, skipping those already used).
+//! Inserting validated jobs: weighted-fair keys per tenant, one job, and the bookkeeping row of a
+//! batch (whose jobs stream in through [`crate::queue::batch`]).
 
-use std::collections::BTreeMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -10,9 +9,6 @@ use sqlx::PgPool;
 use crate::queue::intake::NewJob;
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
-
-/// Rows per INSERT … SELECT FROM unnest statement of a batch.
-const CHUNK: usize = 50_000;
 
 /// The fair-share weight of `tenant` (`queue.tenant_weights`, default 1).
 pub(crate) fn weight(rt: &QueueRuntime, tenant: &str) -> f64 {
@@ -136,61 +132,6 @@ pub async fn enqueue_one(
     }
 }
 
-/// What [`enqueue_batch`] inserted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BatchInserted {
-    /// Rows inserted per class.
-    pub per_class: BTreeMap<String, u64>,
-    /// The batch's id (`GET /v1/notifications/batches/{id}`).
-    pub batch_id: i64,
-}
-
-/// Inserts many validated jobs, already in memory, in one transaction, fair keys reserved once per
-/// (priority, tenant), as one batch created by `created_by` (the lab's batches; HTTP batches stream
-/// through [`crate::queue::batch`]). A batch without idempotency keys (bulk promo, the common case)
-/// goes in by `COPY`; a batch with keys by array binds (`INSERT … SELECT FROM unnest … ON CONFLICT`),
-/// skipping jobs whose key exists. Each job is due after `delay` or at its own `run_at`, the later.
-pub async fn enqueue_batch(
-    db: &PgPool,
-    rt: &QueueRuntime,
-    jobs: &[NewJob],
-    delay: Duration,
-    created_by: &str,
-) -> Result<BatchInserted, sqlx::Error> {
-    let mut tx = db.begin().await?;
-    // A large batch is one transaction of several statements; give each the time it needs.
-    sqlx::query("SET LOCAL statement_timeout = '60s'").execute(&mut *tx).await?;
-    let mut tenants: Vec<String> = jobs.iter().map(|j| j.tenant.clone()).collect();
-    tenants.sort_unstable();
-    tenants.dedup();
-    let batch = open_batch(&mut tx, created_by, &tenants).await?;
-    let batch_id = batch.id;
-    // The transaction's `now()`, which every row's `run_after` and `deadline` count from.
-    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
-    let due: Vec<bool> = jobs.iter().map(|j| due_now(delay, j.run_at, now)).collect();
-    // Fair keys for the jobs due now: a contiguous run per (priority, tenant), in request order.
-    let mut groups: BTreeMap<(i16, &str), Vec<usize>> = BTreeMap::new();
-    for (i, job) in jobs.iter().enumerate().filter(|(i, _)| due[*i]) {
-        groups.entry((rt.classes[&job.class].settings.priority, job.tenant.as_str())).or_default().push(i);
-    }
-    let mut keys = vec![0.0f64; jobs.len()];
-    for ((priority, tenant), members) in &groups {
-        let (first, step) = reserve_fair_keys(&mut tx, *priority, tenant, members.len(), weight(rt, tenant)).await?;
-        for (n, &i) in members.iter().enumerate() {
-            keys[i] = first + step * n as f64;
-        }
-    }
-    let rows = BatchRows { jobs, keys: &keys, due: &due, now, delay, batch_id };
-    let inserted = if jobs.iter().all(|j| j.idempotency_key.is_none()) {
-        copy_unkeyed(&mut tx, rt, rows).await?
-    } else {
-        insert_keyed(&mut tx, rt, rows).await?
-    };
-    close_batch(&mut tx, batch, inserted.values().sum()).await?;
-    tx.commit().await?;
-    Ok(BatchInserted { per_class: inserted, batch_id })
-}
-
 /// A batch whose row exists and whose jobs are being inserted in the same transaction.
 pub(crate) struct OpenBatch {
     /// The batch's id (`notification_jobs.batch_id` of its jobs).
@@ -240,145 +181,6 @@ async fn last_job_id(tx: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
     )
     .fetch_one(tx)
     .await
-}
-
-/// A batch's rows as [`enqueue_batch`] prepared them, for the insert paths.
-#[derive(Clone, Copy)]
-struct BatchRows<'a> {
-    jobs: &'a [NewJob],
-    /// Each job's fair key (unused for a job not due now).
-    keys: &'a [f64],
-    /// Whether each job is due now (`pending`) or later (`scheduled`).
-    due: &'a [bool],
-    /// The transaction's `now()`.
-    now: chrono::DateTime<chrono::Utc>,
-    /// Intake's deferral of the whole batch.
-    delay: Duration,
-    batch_id: i64,
-}
-
-/// The keyed path of [`enqueue_batch`]: array binds, conflicts on the idempotency key skipped.
-async fn insert_keyed(
-    tx: &mut sqlx::PgConnection,
-    rt: &QueueRuntime,
-    rows: BatchRows<'_>,
-) -> Result<BTreeMap<String, u64>, sqlx::Error> {
-    let BatchRows { jobs, keys, due, delay, batch_id, .. } = rows;
-    let traceparent = crate::telemetry::traces::current_traceparent();
-    let mut inserted: BTreeMap<String, u64> = BTreeMap::new();
-    for (chunk_no, chunk) in jobs.chunks(CHUNK).enumerate() {
-        let offset = chunk_no * CHUNK;
-        let mut class = Vec::with_capacity(chunk.len());
-        let mut priority = Vec::with_capacity(chunk.len());
-        let mut tenant = Vec::with_capacity(chunk.len());
-        let mut fair = Vec::with_capacity(chunk.len());
-        let mut recipient = Vec::with_capacity(chunk.len());
-        let mut payload = Vec::with_capacity(chunk.len());
-        let mut attempts = Vec::with_capacity(chunk.len());
-        let mut deadline = Vec::with_capacity(chunk.len());
-        let mut key = Vec::with_capacity(chunk.len());
-        let mut run_at = Vec::with_capacity(chunk.len());
-        let mut status = Vec::with_capacity(chunk.len());
-        for (i, job) in chunk.iter().enumerate() {
-            let c = &rt.classes[&job.class].settings;
-            class.push(job.class.as_str());
-            priority.push(c.priority);
-            tenant.push(job.tenant.as_str());
-            fair.push(keys[offset + i]);
-            recipient.push(job.recipient.as_str());
-            payload.push(job.payload.get());
-            attempts.push(c.max_attempts as i32);
-            deadline.push(c.deadline.map(|d| d.as_secs_f64()));
-            key.push(job.idempotency_key.as_deref());
-            run_at.push(job.run_at);
-            status.push(initial_status(due[offset + i]));
-        }
-        let counts: Vec<(String, i64)> = sqlx::query_as(
-            "WITH ins AS (INSERT INTO notification_jobs \
-                (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, \
-                 idempotency_key, batch_id, status, traceparent) \
-             SELECT c, p, t, f, r, pl::jsonb, a, \
-                    greatest(now() + $10::float8 * interval '1 second', coalesce(ra, now())), \
-                    clock_timestamp() + d * interval '1 second', k, $12, s, $14 \
-             FROM unnest($1::text[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::text[], $7::int4[], \
-                         $8::float8[], $9::text[], $11::timestamptz[], $13::text[]) \
-                  AS u(c, p, t, f, r, pl, a, d, k, ra, s) \
-             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING class) \
-             SELECT class, count(*) FROM ins GROUP BY class",
-        )
-        .bind(&class)
-        .bind(&priority)
-        .bind(&tenant)
-        .bind(&fair)
-        .bind(&recipient)
-        .bind(&payload)
-        .bind(&attempts)
-        .bind(&deadline)
-        .bind(&key)
-        .bind(delay.as_secs_f64())
-        .bind(&run_at)
-        .bind(batch_id)
-        .bind(&status)
-        .bind(&traceparent)
-        .fetch_all(&mut *tx)
-        .await?;
-        for (class, n) in counts {
-            *inserted.entry(class).or_default() += n as u64;
-        }
-    }
-    Ok(inserted)
-}
-
-/// Bytes of COPY text sent per message.
-const COPY_CHUNK: usize = 4 << 20;
-
-/// The `COPY` path of [`enqueue_batch`], for jobs without idempotency keys (nothing can conflict).
-/// `run_after` and `deadline` are computed from the transaction's `now()`, the value the column
-/// default would give, so a deadline counts from the start of the batch, never later.
-async fn copy_unkeyed(
-    tx: &mut sqlx::PgConnection,
-    rt: &QueueRuntime,
-    rows: BatchRows<'_>,
-) -> Result<BTreeMap<String, u64>, sqlx::Error> {
-    use std::fmt::Write as _;
-    let BatchRows { jobs, keys, due, now, delay, batch_id } = rows;
-    let at = |after: Duration| {
-        let t = now + chrono::Duration::from_std(after).unwrap_or(chrono::Duration::MAX);
-        t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-    };
-    let default_run_after = at(delay);
-    let mut inserted: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut copy = tx
-        .copy_in_raw(
-            "COPY notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts, \
-             run_after, deadline, batch_id, status, traceparent) FROM STDIN",
-        )
-        .await?;
-    // One trace context for the whole batch: the request's (`\\N`, NULL, without traces).
-    let traceparent = crate::telemetry::traces::current_traceparent()
-        .map_or_else(|| "\\N".to_string(), |t| copy_escape(&t).into_owned());
-    let mut text = String::with_capacity(COPY_CHUNK + 4096);
-    for ((job, key), due) in jobs.iter().zip(keys).zip(due) {
-        let class = &rt.classes[&job.class].settings;
-        let deadline = class.deadline.map_or_else(|| "\\N".to_string(), at);
-        // A scheduled job is due at its `run_at` unless intake deferred the batch past it.
-        let scheduled = job.run_at.and_then(|t| (t - now).to_std().ok()).filter(|d| *d > delay);
-        let run_after = scheduled.map_or_else(|| default_run_after.clone(), at);
-        let _ = write!(text, "{}\t{}\t", copy_escape(&job.class), class.priority);
-        let _ = write!(text, "{}\t{key}\t{}\t", copy_escape(&job.tenant), copy_escape(&job.recipient));
-        let _ = write!(text, "{}\t{}\t", copy_escape(job.payload.get()), class.max_attempts);
-        let _ = writeln!(text, "{run_after}\t{deadline}\t{batch_id}\t{}\t{traceparent}", initial_status(*due));
-        *inserted.entry(job.class.as_str()).or_default() += 1;
-        if text.len() >= COPY_CHUNK {
-            copy.send(text.as_bytes()).await?;
-            text.clear();
-        }
-    }
-    if !text.is_empty() {
-        copy.send(text.as_bytes()).await?;
-    }
-    copy.finish().await?;
-    Ok(inserted.into_iter().map(|(class, n)| (class.to_string(), n)).collect())
 }
 
 /// Escapes a value for COPY's text format (backslash, tab, newline, carriage return).

@@ -14,13 +14,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use cifpool::auth::{Caller, Scope};
 use cifpool::config::{ClassSettings, ProviderKind, ProviderSettings, QueueSettings};
 use cifpool::db::Database;
+use cifpool::queue::batch;
 use cifpool::queue::enqueue;
 use cifpool::queue::fake_provider::{FakeBehaviour, FakeProvider};
 use cifpool::queue::intake::{self, NewJob};
 use cifpool::queue::policy::Strategy;
 use cifpool::queue::runtime::QueueRuntime;
+use cifpool::queue::stats::QueueStats;
 
 use crate::load::{Schedule, fixed_rate};
 
@@ -248,17 +251,20 @@ pub async fn run_cell(
     let (_push, push_url, push_stop) = fake(push_latency).await?;
     let rt = QueueRuntime::new(lab_queue(opts, strategy, &sms_url, &push_url));
 
-    let promo: Vec<NewJob> = (0..opts.promo)
-        .map(|i| NewJob {
-            class: "promo".into(),
-            tenant: "lab".into(),
-            recipient: format!("device-{i}"),
-            payload: intake::payload_of(&serde_json::json!({ "campaign": "lab" })),
-            idempotency_key: None,
-            run_at: None,
-        })
-        .collect();
-    enqueue::enqueue_batch(db, &rt, &promo, Duration::ZERO, "lab").await.context("inserting the promo batch")?;
+    // The promo backlog goes in through the service's own batch intake, as `POST
+    // /v1/notifications/batch` would put it.
+    let promo = serde_json::json!({
+        "class": "promo",
+        "tenant": "lab",
+        "jobs": (0..opts.promo)
+            .map(|i| serde_json::json!({ "recipient": format!("device-{i}"), "payload": { "campaign": "lab" } }))
+            .collect::<Vec<_>>(),
+    });
+    let lab = Caller { name: "lab".into(), scopes: [Scope::NotifySend].into_iter().collect(), tenants: None };
+    let body = axum::body::Body::from(serde_json::to_vec(&promo)?);
+    batch::submit(db, &rt, &QueueStats::default(), &lab, body)
+        .await
+        .map_err(|e| anyhow::anyhow!("inserting the promo batch: {e}"))?;
 
     let stop = CancellationToken::new();
     let started = Instant::now();
