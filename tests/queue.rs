@@ -301,6 +301,29 @@ async fn per_tenant_in_flight_cap_holds_between_claims() {
     assert_eq!(other[0].tenant, "small");
 }
 
+/// Claims racing for one tenant's backlog never hold more than its cap between them: each takes its
+/// class's claim lock, then counts what the claims before it committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_claims_fill_a_tenant_cap_exactly() {
+    let e = env().await;
+    let cap = e.app.state.queue.classes["promo"].settings.tenant_inflight_cap as usize;
+    e.batch("promo", "big", cap * 4).await;
+    let group = e.group(Strategy::Priority, 0);
+    let claims: Vec<_> = (0..16)
+        .map(|_| {
+            let group = group.clone();
+            tokio::spawn(async move { group.claim(7).await.unwrap().len() })
+        })
+        .collect();
+    let mut claimed = 0;
+    for c in claims {
+        claimed += c.await.unwrap();
+    }
+    let sending: i64 =
+        e.count("SELECT count(*) FROM notification_jobs WHERE status = 'sending' AND tenant = 'big'").await;
+    assert_eq!((claimed, sending), (cap, cap as i64), "16 claims of 7 against a cap of {cap}");
+}
+
 #[tokio::test]
 async fn backpressure_rejects_bulk_with_retry_after_but_always_takes_otp() {
     let e = env().await;

@@ -71,7 +71,8 @@ impl From<&ClaimedJob> for crate::queue::provider::Message {
 
 /// The claim statement of one group: its classes, its order, per-tenant in-flight caps.
 /// Binds: `$1` limit, `$2` lease seconds, `$3` classes (`text[]`), `$4` per-class tenant caps (`int4[]`,
-/// aligned with `$3`), `$5` the priorities of those classes (`int2[]`).
+/// aligned with `$3`), `$5` the priorities of those classes (`int2[]`), `$6` the classes whose tenant
+/// cap can bind (`text[]`: their claim locks).
 ///
 /// The priority condition is implied by the class one, but it is what lets the claim index
 /// (`priority, fair_key, id`) seek straight to the group's priorities: filtering on class alone, an
@@ -79,8 +80,13 @@ impl From<&ClaimedJob> for crate::queue::provider::Message {
 /// after an ANALYZE, scanned the whole table for each empty claim (60 ms at 100,000 jobs).
 ///
 /// Tenant caps are exact: of the picked jobs a tenant gets only as many as its cap leaves free, counted
-/// in this statement (so a batch cannot overshoot), and [`claim`] runs it holding its classes'
-/// claim locks (so two pods claiming at once cannot both fill the same last unit).
+/// in this statement (so a batch cannot overshoot), and the statement first takes the claim locks of
+/// `$6` (transaction-scoped advisory locks, in a fixed order), so two pods claiming at once cannot both
+/// fill the same last unit. Claims of one class run one after another; finishes never wait for them.
+/// The in-flight count comes from `notification_jobs_in_flight` (migration 13), a volatile function
+/// whose query takes its own snapshot after the locks are granted: the statement's snapshot, taken
+/// before it waited, would miss the jobs the previous holder claimed. Lock, count and claim being one
+/// statement, the locks are released by its commit without a round trip to the client in between.
 ///
 /// With `capped` false (no class of the claim has a cap that can bind: see [`cap_can_bind`]), the
 /// statement leaves the caps out: no in-flight count, no gate.
@@ -89,7 +95,8 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool) -> String {
         return JOBS.claim_sql(&ClaimSpec {
             free: &CLAIMABLE,
             held: &SENDING,
-            filter: "priority = ANY($5) AND class = ANY($3) AND run_after <= now() AND $4::int4[] IS NOT NULL",
+            filter: "priority = ANY($5) AND class = ANY($3) AND run_after <= now() \
+                     AND $4::int4[] IS NOT NULL AND $6::text[] IS NOT NULL",
             order_by: &policy.order.sql_order_by(),
             set: CLAIM_SET,
             returning: CLAIM_RETURNING,
@@ -120,15 +127,14 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool) -> String {
         carry: ", tenant, class, priority, fair_key",
         gate: &gate,
     });
-    // Jobs in flight per tenant of the group's classes, with each class's cap, ahead of `picked`.
-    let live = format!(
-        "live AS ( \
-             SELECT b.tenant, b.class, count(*) AS inflight, max(cap.n) AS cap FROM notification_jobs b \
-             JOIN unnest($3::text[], $4::int4[]) AS cap(class, n) ON cap.class = b.class \
-             WHERE b.lease_expires_at IS NOT NULL AND b.status = {sending} \
-             GROUP BY b.tenant, b.class), ",
-        sending = *SENDING
-    );
+    // The claim locks, then the jobs in flight per tenant of the group's classes with each class's cap
+    // (counted after the locks: the function's argument is the lock count), ahead of `picked`.
+    let live = "locks AS ( \
+             SELECT count(pg_advisory_xact_lock(1667853679, k)::text) AS taken \
+             FROM (SELECT DISTINCT hashtext(c) AS k FROM unnest($6::text[]) AS c ORDER BY k OFFSET 0) AS s), \
+         live AS ( \
+             SELECT f.tenant, f.class, f.inflight, f.cap \
+             FROM locks, LATERAL notification_jobs_in_flight($3::text[], $4::int4[], locks.taken) AS f), ";
     claim.replacen("WITH ", &format!("WITH {live}"), 1)
 }
 
@@ -136,21 +142,14 @@ const CLAIM_SET: &str = "attempts = t.attempts + 1, picked_at = coalesce(t.picke
 const CLAIM_RETURNING: &str = "t.id, t.class, t.tenant, t.recipient, t.payload, t.attempts, t.max_attempts, \
      t.deadline, t.lease_token, t.created_at, t.picked_at, t.traceparent";
 
-/// Takes the claim locks of `$1` (class names), in a fixed order: claims of one class run one after
-/// another (finishes never wait for them), so each counts the in-flight jobs the previous one left.
-/// Only classes whose tenant cap can bind need it (see [`cap_can_bind`]).
-const CLAIM_LOCKS: &str = "SELECT count(pg_advisory_xact_lock(1667853679, k)::text) \
-     FROM (SELECT DISTINCT hashtext(c) AS k FROM unnest($1::text[]) AS c ORDER BY k OFFSET 0) AS s";
-
-/// Claims up to `limit` jobs with a prepared [`claim_sql`] statement.
 /// Whether a class's tenant cap can ever bind: not when it is at least its provider's deployment-wide
 /// `max_concurrency`, since no more calls than that are ever in flight to the provider at all.
 pub fn cap_can_bind(tenant_cap: u32, provider_max_concurrency: u32) -> bool {
     tenant_cap < provider_max_concurrency
 }
 
-/// Claims up to `limit` jobs with a prepared [`claim_sql`] statement; `locked` lists the classes whose
-/// tenant cap can bind, claimed under their claim locks (none: one autocommit statement).
+/// Claims up to `limit` jobs with a prepared [`claim_sql`] statement, one autocommit statement;
+/// `locked` lists the classes whose tenant cap can bind, claimed under their claim locks.
 #[allow(clippy::too_many_arguments)]
 pub async fn claim(
     db: &PgPool,
@@ -162,22 +161,15 @@ pub async fn claim(
     priorities: &[i16],
     locked: &[String],
 ) -> Result<Vec<ClaimedJob>, sqlx::Error> {
-    let statement = sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
         .bind(limit as i64)
         .bind(lease.as_secs_f64())
         .bind(classes)
         .bind(caps)
-        .bind(priorities);
-    let rows = if locked.is_empty() {
-        statement.fetch_all(db).await?
-    } else {
-        let mut tx = db.begin().await?;
-        sqlx::query(CLAIM_LOCKS).bind(locked).execute(&mut *tx).await?;
-        // A new statement after the locks: its snapshot sees every claim committed before them.
-        let rows = statement.fetch_all(&mut *tx).await?;
-        tx.commit().await?;
-        rows
-    };
+        .bind(priorities)
+        .bind(locked)
+        .fetch_all(db)
+        .await?;
     Ok(rows
         .into_iter()
         .map(|r| ClaimedJob {
