@@ -1,5 +1,5 @@
-//! Inserting validated jobs: weighted-fair keys per tenant, one job, and the bookkeeping row of a
-//! batch (whose jobs stream in through [`crate::queue::batch`]).
+//! Inserting validated jobs: weighted-fair keys per tenant (shared with batches and the stager) and
+//! one job. Batches stream in through [`crate::queue::batch`].
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -129,86 +129,5 @@ pub async fn enqueue_one(
             let id = existing(db, &job.tenant, key).await?.ok_or(sqlx::Error::RowNotFound)?;
             Ok(Enqueued { id, created: false })
         }
-    }
-}
-
-/// A batch whose row exists and whose jobs are being inserted in the same transaction.
-pub(crate) struct OpenBatch {
-    /// The batch's id (`notification_jobs.batch_id` of its jobs).
-    pub id: i64,
-    /// The job id sequence's value before the batch's jobs.
-    before: i64,
-}
-
-/// Creates the row of a batch by `created_by` for `tenants` (sorted, distinct); its job id range and
-/// count are filled by [`close_batch`] once its jobs are in.
-pub(crate) async fn open_batch(
-    tx: &mut sqlx::PgConnection,
-    created_by: &str,
-    tenants: &[String],
-) -> Result<OpenBatch, sqlx::Error> {
-    let id: i64 = sqlx::query_scalar(
-        "INSERT INTO notification_batches (created_by, first_job_id, last_job_id, jobs, tenants) \
-         VALUES ($1, 0, 0, 0, $2) RETURNING id",
-    )
-    .bind(created_by)
-    .bind(tenants)
-    .fetch_one(&mut *tx)
-    .await?;
-    // Job ids come from a sequence (no cache): every id the batch's insert takes lies above the value
-    // read now and at or below the one read after it, whatever other inserts interleave.
-    let before = last_job_id(tx).await?;
-    Ok(OpenBatch { id, before })
-}
-
-/// Records the job id range and the number of jobs `batch` inserted (what batch status and cancel read).
-pub(crate) async fn close_batch(tx: &mut sqlx::PgConnection, batch: OpenBatch, jobs: u64) -> Result<(), sqlx::Error> {
-    let after = last_job_id(&mut *tx).await?;
-    sqlx::query("UPDATE notification_batches SET first_job_id = $2, last_job_id = $3, jobs = $4 WHERE id = $1")
-        .bind(batch.id)
-        .bind(batch.before + 1)
-        .bind(after)
-        .bind(jobs as i64)
-        .execute(tx)
-        .await?;
-    Ok(())
-}
-
-/// The job id sequence's last value (0 before any job).
-async fn last_job_id(tx: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('notification_jobs', 'id')::regclass), 0)",
-    )
-    .fetch_one(tx)
-    .await
-}
-
-/// Escapes a value for COPY's text format (backslash, tab, newline, carriage return).
-pub(crate) fn copy_escape(value: &str) -> std::borrow::Cow<'_, str> {
-    if !value.contains(['\\', '\t', '\n', '\r']) {
-        return std::borrow::Cow::Borrowed(value);
-    }
-    let mut out = String::with_capacity(value.len() + 8);
-    for ch in value.chars() {
-        match ch {
-            '\\' => out.push_str("\\\\"),
-            '\t' => out.push_str("\\t"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            c => out.push(c),
-        }
-    }
-    std::borrow::Cow::Owned(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::copy_escape;
-
-    #[test]
-    fn copy_escape_doubles_backslashes_and_escapes_separators() {
-        assert_eq!(copy_escape("plain"), "plain");
-        assert_eq!(copy_escape(r#"{"a":"x\"y"}"#), r#"{"a":"x\\"y"}"#);
-        assert_eq!(copy_escape("a\tb\nc\rd"), "a\\tb\\nc\\rd");
     }
 }

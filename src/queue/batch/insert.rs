@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row as _};
 
 use crate::queue::batch::parse::Parsed;
-use crate::queue::enqueue::{close_batch, open_batch, reserve_fair_keys, weight};
+use crate::queue::enqueue::{reserve_fair_keys, weight};
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
 
@@ -167,4 +167,55 @@ async fn fair_keys(
         }
     }
     Ok((firsts, steps))
+}
+
+/// A batch whose row exists and whose jobs are being inserted in the same transaction.
+struct OpenBatch {
+    /// The batch's id (`notification_jobs.batch_id` of its jobs).
+    id: i64,
+    /// The job id sequence's value before the batch's jobs.
+    before: i64,
+}
+
+/// Creates the row of a batch by `created_by` for `tenants` (sorted, distinct); its job id range and
+/// count are filled by [`close_batch`] once its jobs are in.
+async fn open_batch(
+    tx: &mut sqlx::PgConnection,
+    created_by: &str,
+    tenants: &[String],
+) -> Result<OpenBatch, sqlx::Error> {
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO notification_batches (created_by, first_job_id, last_job_id, jobs, tenants) \
+         VALUES ($1, 0, 0, 0, $2) RETURNING id",
+    )
+    .bind(created_by)
+    .bind(tenants)
+    .fetch_one(&mut *tx)
+    .await?;
+    // Job ids come from a sequence (no cache): every id the batch's insert takes lies above the value
+    // read now and at or below the one read after it, whatever other inserts interleave.
+    let before = last_job_id(tx).await?;
+    Ok(OpenBatch { id, before })
+}
+
+/// Records the job id range and the number of jobs `batch` inserted (what batch status and cancel read).
+async fn close_batch(tx: &mut sqlx::PgConnection, batch: OpenBatch, jobs: u64) -> Result<(), sqlx::Error> {
+    let after = last_job_id(&mut *tx).await?;
+    sqlx::query("UPDATE notification_batches SET first_job_id = $2, last_job_id = $3, jobs = $4 WHERE id = $1")
+        .bind(batch.id)
+        .bind(batch.before + 1)
+        .bind(after)
+        .bind(jobs as i64)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+/// The job id sequence's last value (0 before any job).
+async fn last_job_id(tx: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('notification_jobs', 'id')::regclass), 0)",
+    )
+    .fetch_one(tx)
+    .await
 }

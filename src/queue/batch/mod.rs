@@ -7,7 +7,8 @@
 //! - [`rules`]: each job checked as it arrives; checks that need a default sent after `jobs` wait for
 //!   the end.
 //! - [`rows`]: checked jobs as staging rows, in chunks over a bounded channel.
-//! - [`insert`]: the staging table, the fair keys and the one insert into `notification_jobs`.
+//! - [`insert`]: the staging table, the batch's row, the fair keys and the one insert into
+//!   `notification_jobs`.
 //!
 //! Everything happens in one transaction: a bad job at index 499,999, a body cut off, a class shed by
 //! backpressure or any database error rolls it all back, leaving nothing behind.

@@ -13,7 +13,6 @@ use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 
 use crate::queue::batch::rules::{Checked, Known};
-use crate::queue::enqueue::copy_escape as escape;
 use crate::queue::runtime::QueueRuntime;
 
 /// COPY text per chunk: large enough that a statement per chunk costs nothing, small enough that the
@@ -163,5 +162,35 @@ impl Rows {
             self.send()?;
         }
         Ok(self.groups)
+    }
+}
+
+/// Escapes a value for COPY's text format (backslash, tab, newline, carriage return).
+fn escape(value: &str) -> std::borrow::Cow<'_, str> {
+    if !value.contains(['\\', '\t', '\n', '\r']) {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let mut out = String::with_capacity(value.len() + 8);
+    for ch in value.chars() {
+        match ch {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape;
+
+    #[test]
+    fn escape_doubles_backslashes_and_escapes_separators() {
+        assert_eq!(escape("plain"), "plain");
+        assert_eq!(escape(r#"{"a":"x\"y"}"#), r#"{"a":"x\\"y"}"#);
+        assert_eq!(escape("a\tb\nc\rd"), "a\\tb\\nc\\rd");
     }
 }
