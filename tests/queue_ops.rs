@@ -14,7 +14,7 @@ use cifpool::config::{OverloadMode, Settings};
 use cifpool::queue::fake_provider::FakeBehaviour;
 use cifpool::queue::intake::{self, Admission};
 use cifpool::queue::policy::Strategy;
-use cifpool::queue::stats::ClassStats;
+use cifpool::queue::stats::{ClassStats, Refreshed, STATS_LOCK};
 use cifpool::queue::worker::Outcome;
 use common::queue_env::{Env, drain, env, env_with};
 use common::{
@@ -523,9 +523,51 @@ async fn the_queue_view_matches_the_table() {
     }
 
     // The oldest dead letter's age reaches the stats (and its gauge).
-    e.app.state.queue_stats.refresh(&e.app.state.db, &e.app.state.queue).await.unwrap();
+    e.app.state.queue_stats.refresh_now(&e.app.state.db, &e.app.state.queue).await.unwrap();
     let age = e.app.state.queue_stats.get("transactional").unwrap().oldest_dead_age_s;
     assert!((7100.0..7300.0).contains(&age), "{age}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_counts_the_queue_stats_and_the_others_read_them() {
+    let e = env().await;
+    let mut settings = test_settings_with_pools(&e.db.url);
+    use_fake_providers(&mut settings, &e.sms, &e.push);
+    let other = spawn_passive_app(settings).await;
+    let db = &e.app.state.db;
+    e.enqueue("promo", "shop", 3).await;
+
+    // Nothing stored yet: the first refresh counts; the next one, within STATS_FRESH, reads its numbers.
+    assert_eq!(e.app.state.queue_stats.refresh(db, &e.app.state.queue).await.unwrap(), Refreshed::Computed);
+    assert_eq!(other.state.queue_stats.refresh(&other.state.db, &other.state.queue).await.unwrap(), Refreshed::Shared);
+    assert_eq!(other.state.queue_stats.get("promo").unwrap().pending, 3);
+    assert_eq!(other.state.queue_stats.get("otp").unwrap().pending, 0);
+
+    // Stale numbers while another instance counts (holds the lock): read, not counted a second time.
+    e.enqueue("promo", "shop", 2).await;
+    sqlx::query("UPDATE queue_class_stats SET refreshed_at = now() - interval '1 hour'").execute(db).await.unwrap();
+    let mut counting = db.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(STATS_LOCK).execute(&mut *counting).await.unwrap();
+    assert_eq!(other.state.queue_stats.refresh(&other.state.db, &other.state.queue).await.unwrap(), Refreshed::Shared);
+    assert_eq!(other.state.queue_stats.get("promo").unwrap().pending, 3);
+    counting.rollback().await.unwrap();
+
+    // Stale and nobody counting: counted again.
+    assert_eq!(
+        other.state.queue_stats.refresh(&other.state.db, &other.state.queue).await.unwrap(),
+        Refreshed::Computed
+    );
+    assert_eq!(other.state.queue_stats.get("promo").unwrap().pending, 5);
+
+    // Ages are as of the reader's read: stored as instants, they grow between counts.
+    sqlx::query("UPDATE queue_class_stats SET oldest_due_at = now() - interval '100 seconds', refreshed_at = now()")
+        .execute(db)
+        .await
+        .unwrap();
+    assert_eq!(e.app.state.queue_stats.refresh(db, &e.app.state.queue).await.unwrap(), Refreshed::Shared);
+    let age = e.app.state.queue_stats.get("promo").unwrap().oldest_age_s;
+    assert!((100.0..110.0).contains(&age), "{age}");
+    other.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

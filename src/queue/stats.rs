@@ -1,10 +1,12 @@
 //! Queue depth per class: the gauges (age of the oldest waiting job is the main signal) and the
-//! numbers intake backpressure predicts waits from.
+//! numbers intake backpressure predicts waits from. One instance at a time counts them into
+//! `queue_class_stats` (counting reads every waiting job); every instance publishes them from there.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock, RwLock};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -64,58 +66,37 @@ impl QueueStats {
         Some(Duration::from_secs_f64(by_rate.max(s.oldest_age_s)))
     }
 
-    /// Reads every class's numbers from the database and publishes the gauges.
-    pub async fn refresh(&self, db: &PgPool, rt: &QueueRuntime) -> Result<(), sqlx::Error> {
-        static WAITING: LazyLock<String> = LazyLock::new(|| {
-            format!(
-                "SELECT class, count(*), \
-                        coalesce(extract(epoch FROM now() - min(greatest(created_at, run_after)) FILTER (WHERE run_after <= now()))::float8, 0) \
-                 FROM notification_jobs WHERE status IN ({waiting}) GROUP BY class",
-                waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE)
-            )
-        });
-        let waiting: Vec<(String, i64, f64)> =
-            sqlx::query_as(sqlx::AssertSqlSafe(WAITING.as_str())).fetch_all(db).await?;
-        // A literal, not a bind: a generic plan could not prove the partial dead-letter index applies.
-        static DEAD: LazyLock<String> = LazyLock::new(|| {
-            format!(
-                "SELECT class, count(*), \
-                        coalesce(extract(epoch FROM now() - min(finished_at))::float8, 0) \
-                 FROM notification_jobs WHERE status = {} GROUP BY class",
-                JobStatus::Dead.sql()
-            )
-        });
-        let dead: Vec<(String, i64, f64)> = sqlx::query_as(sqlx::AssertSqlSafe(DEAD.as_str())).fetch_all(db).await?;
+    /// Publishes every class's numbers (gauges and this snapshot) from `queue_class_stats`, after
+    /// computing them there first when they are stale and no other instance is computing them now.
+    pub async fn refresh(&self, db: &PgPool, rt: &QueueRuntime) -> Result<Refreshed, sqlx::Error> {
+        let refreshed = compute(db, rt, false).await?;
+        self.publish(db, rt).await?;
+        Ok(refreshed)
+    }
+
+    /// [`QueueStats::refresh`] that counts now whatever the stored numbers' age, after waiting for an
+    /// instance that is counting at this moment (tests, and whoever needs numbers as of now).
+    pub async fn refresh_now(&self, db: &PgPool, rt: &QueueRuntime) -> Result<(), sqlx::Error> {
+        compute(db, rt, true).await?;
+        self.publish(db, rt).await
+    }
+
+    async fn publish(&self, db: &PgPool, rt: &QueueRuntime) -> Result<(), sqlx::Error> {
+        let stored: Vec<StoredStats> = sqlx::query_as(
+            "SELECT class, pending, extract(epoch FROM now() - oldest_due_at)::float8 AS oldest_age_s, \
+                    drain_per_s, dead, extract(epoch FROM now() - oldest_dead_at)::float8 AS oldest_dead_age_s \
+             FROM queue_class_stats",
+        )
+        .fetch_all(db)
+        .await?;
         for class in rt.classes.keys() {
-            // The most recent finishes only, so the cost is bounded whatever the rate: under
-            // DRAIN_SAMPLE finishes in the window, the rate is count / window; at or above it, the
-            // rate is DRAIN_SAMPLE / the time those took (a full 30 s window at 27,000 jobs/s is
-            // 800,000 index entries to count, every refresh).
-            let (finished, span): (i64, f64) = sqlx::query_as(
-                "SELECT count(*), coalesce(extract(epoch FROM now() - min(finished_at))::float8, 0) FROM ( \
-                    SELECT finished_at FROM notification_jobs \
-                    WHERE class = $1 AND finished_at > now() - $2::float8 * interval '1 second' \
-                    ORDER BY finished_at DESC LIMIT $3) AS recent",
-            )
-            .bind(class)
-            .bind(DRAIN_WINDOW.as_secs_f64())
-            .bind(DRAIN_SAMPLE)
-            .fetch_one(db)
-            .await?;
-            let drain_per_s = if finished >= DRAIN_SAMPLE && span > 0.0 {
-                finished as f64 / span
-            } else {
-                finished as f64 / DRAIN_WINDOW.as_secs_f64()
-            };
-            let (pending, oldest) =
-                waiting.iter().find(|w| &w.0 == class).map(|w| (w.1 as u64, w.2.max(0.0))).unwrap_or((0, 0.0));
-            let stats = ClassStats {
-                pending,
-                oldest_age_s: oldest,
-                drain_per_s,
-                dead: dead.iter().find(|d| &d.0 == class).map_or(0, |d| d.1 as u64),
-                oldest_dead_age_s: dead.iter().find(|d| &d.0 == class).map_or(0.0, |d| d.2.max(0.0)),
-            };
+            let stats = stored.iter().find(|s| &s.class == class).map_or(ClassStats::default(), |s| ClassStats {
+                pending: s.pending.max(0) as u64,
+                oldest_age_s: s.oldest_age_s.unwrap_or(0.0).max(0.0),
+                drain_per_s: s.drain_per_s,
+                dead: s.dead.max(0) as u64,
+                oldest_dead_age_s: s.oldest_dead_age_s.unwrap_or(0.0).max(0.0),
+            });
             let label = class.clone();
             metrics::gauge!("cifpool_queue_pending", "class" => label.clone()).set(stats.pending as f64);
             metrics::gauge!("cifpool_queue_oldest_pending_age_seconds", "class" => label.clone())
@@ -127,6 +108,121 @@ impl QueueStats {
         }
         Ok(())
     }
+}
+
+/// A row of `queue_class_stats`, its instants read as ages now.
+#[derive(sqlx::FromRow)]
+struct StoredStats {
+    class: String,
+    pending: i64,
+    oldest_age_s: Option<f64>,
+    drain_per_s: f64,
+    dead: i64,
+    oldest_dead_age_s: Option<f64>,
+}
+
+/// Who computed the numbers a [`QueueStats::refresh`] published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refreshed {
+    /// This instance counted them (they were stale, and it took the stats lock).
+    Computed,
+    /// Another instance's numbers, fresh enough or being recomputed right now.
+    Shared,
+}
+
+/// Advisory-lock key of the stats computation ("cifq" in the high 32 bits).
+pub const STATS_LOCK: i64 = 0x6369_6671 << 32 | 1;
+
+/// Stored numbers younger than this are not recomputed: with every instance refreshing every
+/// [`STATS_INTERVAL`], the deployment counts about twice per interval however many instances run.
+pub const STATS_FRESH: Duration = Duration::from_secs(1);
+
+/// Counts every class of `rt` into `queue_class_stats` when the stored numbers of one of them are
+/// missing or older than [`STATS_FRESH`], unless another instance holds the stats lock (it is
+/// counting them now). Counting reads every waiting job, which is why only one instance does it.
+/// `force` counts whatever the stored numbers' age, waiting for the lock.
+async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshed, sqlx::Error> {
+    let classes: Vec<String> = rt.classes.keys().cloned().collect();
+    let mut tx = db.begin().await?;
+    if force {
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(STATS_LOCK).execute(&mut *tx).await?;
+    } else {
+        let locked: bool =
+            sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)").bind(STATS_LOCK).fetch_one(&mut *tx).await?;
+        if !locked {
+            return Ok(Refreshed::Shared);
+        }
+        let fresh: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM queue_class_stats \
+             WHERE class = ANY($1) AND refreshed_at > now() - $2::float8 * interval '1 second'",
+        )
+        .bind(&classes)
+        .bind(STATS_FRESH.as_secs_f64())
+        .fetch_one(&mut *tx)
+        .await?;
+        if fresh as usize >= classes.len() {
+            return Ok(Refreshed::Shared);
+        }
+    }
+    static WAITING: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT class, count(*), min(greatest(created_at, run_after)) FILTER (WHERE run_after <= now()) \
+             FROM notification_jobs WHERE status IN ({waiting}) GROUP BY class",
+            waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE)
+        )
+    });
+    type Counted = (String, i64, Option<DateTime<Utc>>);
+    let waiting: Vec<Counted> = sqlx::query_as(sqlx::AssertSqlSafe(WAITING.as_str())).fetch_all(&mut *tx).await?;
+    // A literal, not a bind: a generic plan could not prove the partial dead-letter index applies.
+    static DEAD: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT class, count(*), min(finished_at) FROM notification_jobs WHERE status = {} GROUP BY class",
+            JobStatus::Dead.sql()
+        )
+    });
+    let dead: Vec<Counted> = sqlx::query_as(sqlx::AssertSqlSafe(DEAD.as_str())).fetch_all(&mut *tx).await?;
+    for class in &classes {
+        // The most recent finishes only, so the cost is bounded whatever the rate: under
+        // DRAIN_SAMPLE finishes in the window, the rate is count / window; at or above it, the
+        // rate is DRAIN_SAMPLE / the time those took (a full 30 s window at 27,000 jobs/s is
+        // 800,000 index entries to count, every refresh).
+        let (finished, span): (i64, f64) = sqlx::query_as(
+            "SELECT count(*), coalesce(extract(epoch FROM now() - min(finished_at))::float8, 0) FROM ( \
+                SELECT finished_at FROM notification_jobs \
+                WHERE class = $1 AND finished_at > now() - $2::float8 * interval '1 second' \
+                ORDER BY finished_at DESC LIMIT $3) AS recent",
+        )
+        .bind(class)
+        .bind(DRAIN_WINDOW.as_secs_f64())
+        .bind(DRAIN_SAMPLE)
+        .fetch_one(&mut *tx)
+        .await?;
+        let drain_per_s = if finished >= DRAIN_SAMPLE && span > 0.0 {
+            finished as f64 / span
+        } else {
+            finished as f64 / DRAIN_WINDOW.as_secs_f64()
+        };
+        let (pending, oldest_due_at) = waiting.iter().find(|w| &w.0 == class).map_or((0, None), |w| (w.1, w.2));
+        let (dead, oldest_dead_at) = dead.iter().find(|d| &d.0 == class).map_or((0, None), |d| (d.1, d.2));
+        sqlx::query(
+            "INSERT INTO queue_class_stats \
+                 (class, pending, oldest_due_at, drain_per_s, dead, oldest_dead_at, refreshed_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, now()) \
+             ON CONFLICT (class) DO UPDATE SET pending = excluded.pending, oldest_due_at = excluded.oldest_due_at, \
+                 drain_per_s = excluded.drain_per_s, dead = excluded.dead, \
+                 oldest_dead_at = excluded.oldest_dead_at, refreshed_at = excluded.refreshed_at",
+        )
+        .bind(class)
+        .bind(pending)
+        .bind(oldest_due_at)
+        .bind(drain_per_s)
+        .bind(dead)
+        .bind(oldest_dead_at)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(Refreshed::Computed)
 }
 
 /// Refreshes `stats` every [`STATS_INTERVAL`] until `stop` (a database outage only skips refreshes).

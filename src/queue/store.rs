@@ -87,6 +87,9 @@ impl From<&ClaimedJob> for crate::queue::provider::Message {
 /// whose query takes its own snapshot after the locks are granted: the statement's snapshot, taken
 /// before it waited, would miss the jobs the previous holder claimed. Lock, count and claim being one
 /// statement, the locks are released by its commit without a round trip to the client in between.
+/// The jobs the previous holder claimed are still pending in that old snapshot, and at the head of
+/// the claim order: the pick leaves out the ids the function counted in flight, or it would lock each
+/// of them (holding up its finish until this claim commits) only to find it claimed (migration 14).
 ///
 /// With `capped` false (no class of the claim has a cap that can bind: see [`cap_can_bind`]), the
 /// statement leaves the caps out: no in-flight count, no gate.
@@ -105,7 +108,8 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool) -> String {
         });
     }
     let filter = "priority = ANY($5) AND class = ANY($3) AND run_after <= now() \
-         AND (tenant, class) NOT IN (SELECT tenant, class FROM live WHERE inflight >= cap)";
+         AND (tenant, class) NOT IN (SELECT tenant, class FROM live WHERE inflight >= cap) \
+         AND id NOT IN (SELECT unnest(ids) FROM live)";
     let gate = format!(
         "ranked AS ( \
              SELECT id, tenant, class, row_number() OVER (PARTITION BY tenant, class ORDER BY {order}) AS n \
@@ -133,7 +137,7 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool) -> String {
              SELECT count(pg_advisory_xact_lock(1667853679, k)::text) AS taken \
              FROM (SELECT DISTINCT hashtext(c) AS k FROM unnest($6::text[]) AS c ORDER BY k OFFSET 0) AS s), \
          live AS ( \
-             SELECT f.tenant, f.class, f.inflight, f.cap \
+             SELECT f.tenant, f.class, f.inflight, f.cap, f.ids \
              FROM locks, LATERAL notification_jobs_in_flight($3::text[], $4::int4[], locks.taken) AS f), ";
     claim.replacen("WITH ", &format!("WITH {live}"), 1)
 }

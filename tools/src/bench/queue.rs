@@ -306,9 +306,13 @@ fn drain_cap(n: u64) -> Duration {
 }
 
 /// Polls until no `class` job is unfinished (or `cap` passes), advancing `bar`; returns the peak
-/// one-second rate seen. The poll counts result rows (a narrow table, ~10 ms per 100,000) twice a
-/// second and only checks `class` precisely once that count has reached `total`: the precise count
-/// reads the jobs table itself, and polling it often would steal measurable CPU from the drain.
+/// one-second rate seen.
+///
+/// Progress is the `cifpool_queue_sent_total` counter of this process's metrics recorder, which the
+/// in-process services share: reading it costs the database nothing, as the peer's driver counts its
+/// runs in its own process. (Counting result rows twice a second read the whole jobs table each time,
+/// ~86 ms at 200,000 jobs, and took about a fifth of the Postgres time of the drain it measured.) Once
+/// the counter reaches `total`, the jobs table itself is checked for anything left unfinished.
 pub(crate) async fn watch(
     db: &PgPool,
     class: &str,
@@ -317,11 +321,11 @@ pub(crate) async fn watch(
     cap: Duration,
 ) -> anyhow::Result<f64> {
     let started = Instant::now();
+    let baseline = sent_counter(class);
     let mut history: Vec<(Instant, u64)> = Vec::new();
     let mut peak = 0.0f64;
     loop {
-        let results: i64 = sqlx::query_scalar("SELECT count(*) FROM notification_results").fetch_one(db).await?;
-        let done = results as u64;
+        let done = sent_counter(class).saturating_sub(baseline);
         let now = Instant::now();
         bar.set_position(done.min(total));
         history.push((now, done));
@@ -334,6 +338,18 @@ pub(crate) async fn watch(
         anyhow::ensure!(started.elapsed() < cap, "{class}: jobs still unfinished after {cap:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Jobs of `class` the services of this process have marked sent so far (the process-wide
+/// `cifpool_queue_sent_total{class}`; 0 before the first).
+fn sent_counter(class: &str) -> u64 {
+    let rendered = cifpool::telemetry::prometheus::metrics_handle().render();
+    let series = format!("cifpool_queue_sent_total{{class=\"{class}\"}} ");
+    rendered
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }
 
 /// The summary table of a report.
