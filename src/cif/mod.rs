@@ -6,6 +6,7 @@
 //!   trigger.
 //! - [`store`]: reserve / confirm / release / extend / look up, on the shared [`crate::claim`] contract.
 //! - [`refill`]: bounded-batch generation keeping pools above their low watermark.
+//! - [`refill_text`]: a refill batch's `COPY` text, encoded one batch ahead.
 //! - [`reclaim`]: returns holds whose lease expired (pods that died before confirming).
 //! - [`stats`]: pool depth for `/v1/pools`, the gauges and the watermark warnings.
 //! - [`upkeep`]: when refill, reclaim and the gauges run (schedules, on-demand triggers).
@@ -15,6 +16,7 @@ pub mod issue;
 pub mod pools;
 pub mod reclaim;
 pub mod refill;
+pub mod refill_text;
 pub mod stats;
 pub mod store;
 pub mod upkeep;

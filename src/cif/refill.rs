@@ -9,7 +9,6 @@
 //! never reaches the database), `COPY` them in and add a `pool.refilled` audit row naming the counters. A crash mid-run loses at most the open batch, whose
 //! counter advance rolls back with it: no counter is ever issued twice.
 
-use std::fmt::Write as _;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -19,6 +18,7 @@ use tracing::Instrument;
 
 use crate::audit::{self, Actor, Event};
 use crate::cif::Pool;
+use crate::cif::refill_text::BatchText;
 
 /// Advisory-lock class for refills (high 32 bits of the lock key; the pool id is the low bits).
 const REFILL_LOCK_CLASS: i64 = 0x6369_6672; // "cifr"
@@ -200,10 +200,11 @@ async fn run_locked(
     };
     let domain = pool.codec.capacity() as i64;
     summary.outcome = RefillOutcome::Refilled;
-    let mut text = String::new();
-    for _ in 0..batches {
+    let mut text = BatchText::new(pool.id, pool.codec.clone());
+    for n in 0..batches {
         let span = tracing::info_span!("refill batch", pool = pool.name(), codes = tracing::field::Empty);
-        let added = add_batch(conn, pool, &opts, batch, domain, &mut text).instrument(span.clone()).await?;
+        let last = n + 1 == batches;
+        let added = add_batch(conn, pool, &opts, batch, domain, &mut text, last).instrument(span.clone()).await?;
         match added {
             Batch::Refused => {
                 summary.outcome = RefillOutcome::Refused;
@@ -246,14 +247,16 @@ enum Batch {
 }
 
 /// One refill transaction: advances the pool's counter by up to `batch`, copies the codes of those
-/// counters in, and records the audit event.
+/// counters in, and records the audit event. Unless it is the `last` of its run, the next batch's
+/// codes are encoded while this one's `COPY` runs.
 async fn add_batch(
     conn: &mut PgConnection,
     pool: &Pool,
     opts: &RefillOptions,
     batch: u64,
     domain: i64,
-    text: &mut String,
+    text: &mut BatchText,
+    last: bool,
 ) -> Result<Batch, sqlx::Error> {
     let s = &pool.settings;
     let mut tx = conn.begin().await?;
@@ -290,13 +293,12 @@ async fn add_batch(
     let Some((start, end)) = range else {
         return Ok(Batch::Exhausted);
     };
-    text.clear();
-    for counter in start..end {
-        let code = pool.codec.encode(counter as u64);
-        let _ = writeln!(text, "{}\t{counter}\t{code}", pool.id);
+    let rows = text.text(start..end).await;
+    if !last && end < domain {
+        text.encode_ahead(end..(end + batch as i64).min(domain));
     }
     let mut copy = tx.copy_in_raw("COPY cif_codes (pool_id, counter, code) FROM STDIN").await?;
-    copy.send(text.as_bytes()).await?;
+    copy.send(rows.as_bytes()).await?;
     copy.finish().await?;
     let detail =
         serde_json::json!({ "first_counter": start, "end_counter": end, "codes": end - start, "force": opts.force });

@@ -1,0 +1,97 @@
+//! The `COPY` text of refill batches, encoded one batch ahead on the blocking pool.
+//!
+//! A refill batch is encode (Feistel, check digit, text: ~5 ms for 10,000 codes), then `COPY` (the
+//! server's work). Encoded in line, the server waited for every encoding and the service for every
+//! `COPY`. A run knows its next batch's counters before it has them (under the refill lock nobody else
+//! advances the counter: they start where this batch ends), so it encodes them while this batch's
+//! `COPY` runs. The counters the database hands out stay the truth: text encoded for other counters is
+//! thrown away and the right ones are encoded then.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+
+use crate::code::PoolCodec;
+
+/// Encodes counters of one pool into `COPY cif_codes (pool_id, counter, code)` text.
+pub struct BatchText {
+    pool_id: i16,
+    codec: Arc<PoolCodec>,
+    ahead: Option<(Range<i64>, JoinHandle<String>)>,
+}
+
+impl BatchText {
+    /// An encoder for the pool with database id `pool_id` and its codec.
+    pub fn new(pool_id: i16, codec: PoolCodec) -> BatchText {
+        BatchText { pool_id, codec: Arc::new(codec), ahead: None }
+    }
+
+    /// Starts encoding `counters` in the background, for a later [`BatchText::text`] of the same range
+    /// (replacing any encoding started before).
+    pub fn encode_ahead(&mut self, counters: Range<i64>) {
+        let (pool_id, codec) = (self.pool_id, self.codec.clone());
+        let range = counters.clone();
+        self.ahead = Some((counters, tokio::task::spawn_blocking(move || encode(pool_id, &codec, range))));
+    }
+
+    /// The text of `counters`: the one encoded ahead if it was this range, else encoded now.
+    pub async fn text(&mut self, counters: Range<i64>) -> String {
+        if let Some((range, handle)) = self.ahead.take()
+            && range == counters
+            && let Ok(text) = handle.await
+        {
+            return text;
+        }
+        let (pool_id, codec) = (self.pool_id, self.codec.clone());
+        match tokio::task::spawn_blocking(move || encode(pool_id, &codec, counters.clone())).await {
+            Ok(text) => text,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+}
+
+fn encode(pool_id: i16, codec: &PoolCodec, counters: Range<i64>) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::with_capacity(counters.clone().count() * 32);
+    for counter in counters {
+        let code = codec.encode(counter as u64);
+        let _ = writeln!(text, "{pool_id}\t{counter}\t{code}");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::code::{CheckScheme, CodeFormat};
+    use crate::keys::PoolKey;
+
+    fn codec() -> PoolCodec {
+        let format = CodeFormat::new("9", 8, CheckScheme::Luhn).unwrap();
+        PoolCodec::new(format, &PoolKey::from_bytes([7; 32])).unwrap()
+    }
+
+    fn expected(codec: &PoolCodec, counters: Range<i64>) -> String {
+        counters.map(|c| format!("3\t{c}\t{}\n", codec.encode(c as u64))).collect()
+    }
+
+    #[tokio::test]
+    async fn the_text_is_the_same_encoded_ahead_or_now() {
+        let codec = codec();
+        let mut text = BatchText::new(3, codec.clone());
+        assert_eq!(text.text(0..5).await, expected(&codec, 0..5));
+        text.encode_ahead(5..10);
+        assert_eq!(text.text(5..10).await, expected(&codec, 5..10));
+    }
+
+    #[tokio::test]
+    async fn text_encoded_for_other_counters_is_not_used() {
+        let codec = codec();
+        let mut text = BatchText::new(3, codec.clone());
+        text.encode_ahead(10..20);
+        assert_eq!(text.text(20..25).await, expected(&codec, 20..25));
+        // The encoding ahead was spent on the miss; the next ask encodes again.
+        assert_eq!(text.text(10..20).await, expected(&codec, 10..20));
+    }
+}
