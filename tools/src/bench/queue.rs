@@ -311,7 +311,7 @@ fn drain_cap(n: u64) -> Duration {
 /// Progress is the `cifpool_queue_sent_total` counter of this process's metrics recorder, which the
 /// in-process services share: reading it costs the database nothing, as the peer's driver counts its
 /// runs in its own process. (Counting result rows twice a second read the whole jobs table each time,
-/// ~86 ms at 200,000 jobs, and took about a fifth of the Postgres time of the drain it measured.) Once
+/// ~86 ms at 200,000 jobs: 2.2 s of the ~15 s of Postgres CPU of the drain it measured.) Once
 /// the counter reaches `total`, the jobs table itself is checked for anything left unfinished.
 pub(crate) async fn watch(
     db: &PgPool,
