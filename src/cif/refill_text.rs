@@ -53,7 +53,7 @@ impl BatchText {
 
 fn encode(pool_id: i16, codec: &PoolCodec, counters: Range<i64>) -> String {
     use std::fmt::Write as _;
-    let mut text = String::with_capacity(counters.clone().count() * 32);
+    let mut text = String::with_capacity((counters.end - counters.start).max(0) as usize * 32);
     for counter in counters {
         let code = codec.encode(counter as u64);
         let _ = writeln!(text, "{pool_id}\t{counter}\t{code}");

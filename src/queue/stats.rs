@@ -181,6 +181,8 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
         )
     });
     let dead: Vec<Counted> = sqlx::query_as(sqlx::AssertSqlSafe(DEAD.as_str())).fetch_all(&mut *tx).await?;
+    let (mut pending, mut oldest_due_at, mut drain_per_s, mut dead_count, mut oldest_dead_at) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for class in &classes {
         // The most recent finishes only, so the cost is bounded whatever the rate: under
         // DRAIN_SAMPLE finishes in the window, the rate is count / window; at or above it, the
@@ -197,30 +199,35 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
         .bind(DRAIN_SAMPLE)
         .fetch_one(&mut *tx)
         .await?;
-        let drain_per_s = if finished >= DRAIN_SAMPLE && span > 0.0 {
+        drain_per_s.push(if finished >= DRAIN_SAMPLE && span > 0.0 {
             finished as f64 / span
         } else {
             finished as f64 / DRAIN_WINDOW.as_secs_f64()
-        };
-        let (pending, oldest_due_at) = waiting.iter().find(|w| &w.0 == class).map_or((0, None), |w| (w.1, w.2));
-        let (dead, oldest_dead_at) = dead.iter().find(|d| &d.0 == class).map_or((0, None), |d| (d.1, d.2));
-        sqlx::query(
-            "INSERT INTO queue_class_stats \
-                 (class, pending, oldest_due_at, drain_per_s, dead, oldest_dead_at, refreshed_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, now()) \
-             ON CONFLICT (class) DO UPDATE SET pending = excluded.pending, oldest_due_at = excluded.oldest_due_at, \
-                 drain_per_s = excluded.drain_per_s, dead = excluded.dead, \
-                 oldest_dead_at = excluded.oldest_dead_at, refreshed_at = excluded.refreshed_at",
-        )
-        .bind(class)
-        .bind(pending)
-        .bind(oldest_due_at)
-        .bind(drain_per_s)
-        .bind(dead)
-        .bind(oldest_dead_at)
-        .execute(&mut *tx)
-        .await?;
+        });
+        let (n, oldest) = waiting.iter().find(|w| &w.0 == class).map_or((0, None), |w| (w.1, w.2));
+        pending.push(n);
+        oldest_due_at.push(oldest);
+        let (n, oldest) = dead.iter().find(|d| &d.0 == class).map_or((0, None), |d| (d.1, d.2));
+        dead_count.push(n);
+        oldest_dead_at.push(oldest);
     }
+    sqlx::query(
+        "INSERT INTO queue_class_stats \
+             (class, pending, oldest_due_at, drain_per_s, dead, oldest_dead_at, refreshed_at) \
+         SELECT c.*, now() \
+         FROM unnest($1::text[], $2::int8[], $3::timestamptz[], $4::float8[], $5::int8[], $6::timestamptz[]) AS c \
+         ON CONFLICT (class) DO UPDATE SET pending = excluded.pending, oldest_due_at = excluded.oldest_due_at, \
+             drain_per_s = excluded.drain_per_s, dead = excluded.dead, \
+             oldest_dead_at = excluded.oldest_dead_at, refreshed_at = excluded.refreshed_at",
+    )
+    .bind(&classes)
+    .bind(&pending)
+    .bind(&oldest_due_at)
+    .bind(&drain_per_s)
+    .bind(&dead_count)
+    .bind(&oldest_dead_at)
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(Refreshed::Computed)
 }
