@@ -68,6 +68,11 @@ pub struct ClaimSpec<'a> {
     /// They read `picked` and must define `admitted` with the key columns: only those rows are
     /// claimed; the others stay locked until the statement ends and are then left as they were.
     pub gate: &'a str,
+    /// An SQL expression evaluated once per claim, which may read the gate's CTEs (empty for none):
+    /// when set, every claimed row comes with it as the column `report`, and a claim that took no
+    /// row returns one row whose claim columns are all NULL, so the caller learns it either way
+    /// (e.g. why the gate stopped).
+    pub report: &'a str,
 }
 
 /// Which unheld rows a batch transition picks.
@@ -113,6 +118,28 @@ impl ClaimTable {
         } else {
             (format!(", {}", spec.gate), "admitted")
         };
+        let update = format!(
+            "UPDATE {table} AS t \
+             SET {state} = {held}, {token} = gen_random_uuid(), \
+                 {lease} = now() + $2::float8 * interval '1 second'{extra_set} \
+             FROM {source} \
+             WHERE ({tkeys}) = ({skeys}) \
+             RETURNING {returning}",
+            held = spec.held,
+            returning = spec.returning,
+            tkeys = self.key_list("t"),
+            skeys = self.key_list(source),
+        );
+        // With a report, the update becomes a CTE and the outer join keeps one row when it took none.
+        let body = if spec.report.trim().is_empty() {
+            update
+        } else {
+            format!(
+                ", claimed AS ({update}) \
+                 SELECT claimed.*, ({report}) AS report FROM (VALUES (1)) AS one LEFT JOIN claimed ON true",
+                report = spec.report
+            )
+        };
         format!(
             "WITH picked AS ( \
                 SELECT {keys}{carry} FROM {table} \
@@ -120,21 +147,11 @@ impl ClaimTable {
                 ORDER BY {order_by} \
                 LIMIT $1 \
                 FOR UPDATE SKIP LOCKED \
-             ){gate} \
-             UPDATE {table} AS t \
-             SET {state} = {held}, {token} = gen_random_uuid(), \
-                 {lease} = now() + $2::float8 * interval '1 second'{extra_set} \
-             FROM {source} \
-             WHERE ({tkeys}) = ({skeys}) \
-             RETURNING {returning}",
+             ){gate} {body}",
             carry = spec.carry,
             free = spec.free,
             filter = spec.filter,
             order_by = spec.order_by,
-            held = spec.held,
-            returning = spec.returning,
-            tkeys = self.key_list("t"),
-            skeys = self.key_list(source),
         )
     }
 
@@ -297,6 +314,7 @@ mod tests {
             returning: "t.id, t.token",
             carry: "",
             gate: "",
+            report: "",
         });
         for clause in
             ["FOR UPDATE SKIP LOCKED", "LIMIT $1", "gen_random_uuid()", "ORDER BY priority, id", "(t.id) = (picked.id)"]

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use cifpool::queue::policy::{ClaimOrder, GroupPolicy, JobKey};
-use cifpool::queue::store;
+use cifpool::queue::store::{self, ClaimClass};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sqlx::PgPool;
@@ -30,6 +30,22 @@ fn jobs() -> impl Strategy<Value = Vec<(i16, f64)>> {
     prop::collection::vec((0i16..4, fair_key()), 1..30)
 }
 
+/// Class `c<priority>` of that priority, sending through `provider`, which has room for `free`.
+fn class(priority: i16, provider: &str, free: i32, cap_binds: bool) -> ClaimClass {
+    ClaimClass {
+        name: format!("c{priority}"),
+        priority,
+        tenant_cap: i32::MAX,
+        cap_binds,
+        provider: provider.into(),
+        free,
+    }
+}
+
+fn policy(order: ClaimOrder, classes: &[ClaimClass]) -> GroupPolicy {
+    GroupPolicy { name: "g".into(), size: 1, classes: classes.iter().map(|c| c.name.clone()).collect(), order }
+}
+
 /// Inserts the jobs, then claims them one at a time with the real claim statement of a group with
 /// `order`; returns the ids in claim order and in the order `GroupPolicy::compare` gives.
 async fn both_orders(db: &PgPool, order: ClaimOrder, capped: bool, jobs: &[(i16, f64)]) -> (Vec<i64>, Vec<i64>) {
@@ -38,7 +54,7 @@ async fn both_orders(db: &PgPool, order: ClaimOrder, capped: bool, jobs: &[(i16,
     for &(priority, fair_key) in jobs {
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts) \
-             VALUES ('c', $1, 't', $2, 'r', 'null', 1) RETURNING id",
+             VALUES ('c' || $1, $1, 't', $2, 'r', 'null', 1) RETURNING id",
         )
         .bind(priority)
         .bind(fair_key)
@@ -47,14 +63,14 @@ async fn both_orders(db: &PgPool, order: ClaimOrder, capped: bool, jobs: &[(i16,
         .unwrap();
         keys.push(JobKey { id, priority, fair_key });
     }
-    let policy = GroupPolicy { name: "g".into(), size: 1, classes: vec!["c".into()], order };
+    let classes: Vec<ClaimClass> = (0..4).map(|p| class(p, "p", i32::MAX, capped)).collect();
+    let policy = policy(order, &classes);
     let sql = store::claim_sql(&policy, capped);
     let mut claimed = Vec::new();
     loop {
-        let got = store::claim(db, &sql, 1, Duration::from_secs(60), &["c".into()], &[i32::MAX], &[0, 1, 2, 3], &[])
-            .await
-            .unwrap();
-        let Some(job) = got.first() else { break };
+        let got = store::claim(db, &sql, 1, Duration::from_secs(60), &classes).await.unwrap();
+        assert_eq!(got.stopped_at, None, "room for every job");
+        let Some(job) = got.jobs.first() else { break };
         claimed.push(job.id);
     }
     keys.sort_by(|a, b| policy.compare(a, b));
@@ -74,6 +90,77 @@ fn sql_claim_order_and_in_memory_order_agree() {
                     Ok(())
                 } else {
                     Err(TestCaseError::fail(format!("{order:?}: claim order {sql:?}, in memory {memory:?}")))
+                }
+            })
+            .unwrap();
+    }
+}
+
+/// Inserts the jobs (class `c<priority>`), classes 0 and 1 sending through provider `a` with room
+/// for `free.0`, 2 and 3 through `b` with room for `free.1`, and claims up to 64 at once. Returns what
+/// was claimed (in claim order) and where the claim stopped, and what the order says it should be:
+/// the longest head of the order in which neither provider gets more jobs than its room.
+async fn room_gate(
+    db: &PgPool,
+    order: ClaimOrder,
+    capped: bool,
+    jobs: &[(i16, f64)],
+    free: (i32, i32),
+) -> ((Vec<i64>, Option<String>), (Vec<i64>, Option<String>)) {
+    sqlx::query("TRUNCATE notification_jobs").execute(db).await.unwrap();
+    let mut keys = Vec::new();
+    for &(priority, fair_key) in jobs {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts) \
+             VALUES ('c' || $1, $1, 't', $2, 'r', 'null', 1) RETURNING id",
+        )
+        .bind(priority)
+        .bind(fair_key)
+        .fetch_one(db)
+        .await
+        .unwrap();
+        keys.push(JobKey { id, priority, fair_key });
+    }
+    let classes: Vec<ClaimClass> =
+        (0..4).map(|p| if p < 2 { class(p, "a", free.0, capped) } else { class(p, "b", free.1, capped) }).collect();
+    let policy = policy(order, &classes);
+    let got =
+        store::claim(db, &store::claim_sql(&policy, capped), 64, Duration::from_secs(60), &classes).await.unwrap();
+    keys.sort_by(|a, b| policy.compare(a, b));
+    // An UPDATE returns its rows in no set order: put them in claim order to compare.
+    let rank: std::collections::HashMap<i64, usize> = keys.iter().enumerate().map(|(i, k)| (k.id, i)).collect();
+    let mut ids: Vec<i64> = got.jobs.iter().map(|j| j.id).collect();
+    ids.sort_by_key(|id| rank[id]);
+    let (mut used, mut want, mut stopped) = ((0, 0), Vec::new(), None);
+    for k in &keys {
+        let (n, room) = if k.priority < 2 { (&mut used.0, free.0) } else { (&mut used.1, free.1) };
+        *n += 1;
+        if *n > room {
+            stopped = Some(format!("c{}", k.priority));
+            break;
+        }
+        want.push(k.id);
+    }
+    ((ids, got.stopped_at), (want, stopped))
+}
+
+/// A claim keeps the group's order when a provider has no room: it takes the jobs ahead of the first
+/// job that does not fit and stops there, however many jobs of another provider come after it.
+#[test]
+fn a_claim_stops_at_the_first_job_its_provider_has_no_room_for() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let db = runtime.block_on(async { common::fresh_database().await.pool });
+    let mut runner = TestRunner::new(Config { cases: 32, failure_persistence: None, ..Config::default() });
+    for (order, capped) in [(ClaimOrder::Priority, true), (ClaimOrder::Priority, false), (ClaimOrder::Fifo, false)] {
+        runner
+            .run(&(jobs(), 0i32..4, 0i32..4), |(jobs, a, b)| {
+                let (sql, memory) = runtime.block_on(room_gate(&db, order, capped, &jobs, (a, b)));
+                if sql == memory {
+                    Ok(())
+                } else {
+                    Err(TestCaseError::fail(format!(
+                        "{order:?}, room {a}/{b}: claimed {sql:?}, the order says {memory:?}"
+                    )))
                 }
             })
             .unwrap();

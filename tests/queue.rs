@@ -2,16 +2,18 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cifpool::claim::Fenced;
 use cifpool::config::OverloadMode;
+use cifpool::queue::budget::{ProviderBudget, Room};
 use cifpool::queue::fake_provider::FakeBehaviour;
 use cifpool::queue::policy::{ClaimOrder, GroupPolicy, Strategy};
 use cifpool::queue::stats::ClassStats;
 use cifpool::queue::worker::Outcome;
 use cifpool::queue::{intake, store};
-use common::queue_env::{drain, env, env_with};
+use common::queue_env::{Env, drain, env, env_with};
 use common::{
     TEST_ADMIN_TOKEN, assert_problem, fake_server, fresh_database, test_settings_with_pools, use_fake_providers,
 };
@@ -41,13 +43,91 @@ async fn bulkhead_reserved_group_never_runs_promo_and_bulk_never_runs_otp() {
 #[tokio::test]
 async fn priority_claims_a_new_otp_before_older_promo_and_fifo_does_not() {
     let e = env().await;
-    e.enqueue("promo", "shop", 20).await;
+    let promo = e.enqueue("promo", "shop", 20).await;
     let otp = e.enqueue("otp", "auth", 1).await[0];
     let fifo = e.group(Strategy::Fifo, 0);
     let first = fifo.try_execute_next().await.unwrap();
-    assert_ne!(first, Outcome::Sent(otp), "FIFO serves the oldest promo first");
+    assert_eq!(first, Outcome::Sent(promo[0]), "FIFO serves the oldest promo first");
     let priority = e.group(Strategy::Priority, 0);
     assert_eq!(priority.try_execute_next().await.unwrap(), Outcome::Sent(otp));
+}
+
+/// Shrinks this pod's share of `provider` to one unit (idle syncs halve it); the caller takes that
+/// unit, so the share is full but could grow: the deployment-wide budget is far from used.
+async fn shrink_share(e: &Env, provider: &str) -> Arc<ProviderBudget> {
+    for _ in 0..12 {
+        e.app.state.queue.sync_budgets(&e.app.state.db).await;
+    }
+    e.app.state.queue.providers[provider].budget.clone()
+}
+
+/// The claim keeps the group's order when the head job's provider is merely slow to grant this pod a
+/// larger share: it takes nothing behind that job, asks for more at once, and takes the job once the
+/// share has grown. (Stepping over it handed the worker to a hanging push call.)
+#[tokio::test]
+async fn a_full_share_that_can_grow_holds_the_claim_at_the_head_of_the_order() {
+    let e = env().await;
+    let promo = e.enqueue("promo", "shop", 3).await;
+    let otp = e.enqueue("otp", "auth", 2).await;
+    let (db, queue) = (&e.app.state.db, &e.app.state.queue);
+
+    let priority = e.group(Strategy::Priority, 0);
+    let sms = shrink_share(&e, "sms").await;
+    let sms_unit = sms.try_acquire().expect("one unit left");
+    assert_eq!(sms.room(), Room::Free(0), "full, and could grow");
+    let claimed = priority.claim_in_order(4).await.unwrap();
+    assert!(claimed.jobs.is_empty(), "took {:?} while the OTP waited for its provider", claimed.jobs);
+    assert_eq!(claimed.stopped_at.as_deref(), Some("otp"));
+    queue.sync_budgets(db).await;
+    // The share of SMS has grown; push's is still the one unit the idle syncs left it, so the claim
+    // goes on in order and stops again at the second promo.
+    let claimed = priority.claim_in_order(4).await.unwrap();
+    let mut ids: Vec<i64> = claimed.jobs.iter().map(|j| j.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![promo[0], otp[0], otp[1]], "both OTPs, then the first promo");
+    assert_eq!(claimed.stopped_at.as_deref(), Some("promo"));
+    drop(sms_unit);
+
+    // FIFO: the head is the oldest promo; with push held up the claim waits for it, whatever the
+    // class behind.
+    sqlx::query("UPDATE notification_jobs SET status = 'pending', lease_token = NULL, lease_expires_at = NULL")
+        .execute(db)
+        .await
+        .unwrap();
+    let fifo = e.group(Strategy::Fifo, 0);
+    let push = shrink_share(&e, "push").await;
+    let push_unit = push.try_acquire().expect("one unit left");
+    assert_eq!(push.room(), Room::Free(0), "full, and could grow");
+    let claimed = fifo.claim_in_order(4).await.unwrap();
+    assert!(claimed.jobs.is_empty(), "FIFO took {:?} ahead of the oldest promo", claimed.jobs);
+    assert_eq!(claimed.stopped_at.as_deref(), Some("promo"));
+    queue.sync_budgets(db).await;
+    let first = fifo.claim(1).await.unwrap();
+    assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), vec![promo[0]]);
+    drop(push_unit);
+}
+
+/// At the deployment's limit (every unit the pod may hold is in flight and no pod holds more), a
+/// provider's jobs are stepped over: the worker that ends one of its calls claims the next of them,
+/// and the other flows keep their workers.
+#[tokio::test]
+async fn a_provider_at_the_deployment_limit_is_stepped_over() {
+    let e = env_with(|s| {
+        let sms = s.queue.providers.get_mut("sms").unwrap();
+        (sms.max_concurrency, sms.min_concurrency) = (1, 1);
+    })
+    .await;
+    let promo = e.enqueue("promo", "shop", 1).await;
+    let otp = e.enqueue("otp", "auth", 1).await;
+    let budget = e.app.state.queue.providers["sms"].budget.clone();
+    let permit = budget.try_acquire().expect("the one unit");
+    assert_eq!(budget.room(), Room::AtLimit);
+    let priority = e.group(Strategy::Priority, 0);
+    let claimed = priority.claim_in_order(2).await.unwrap();
+    assert_eq!(claimed.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), promo);
+    drop(permit);
+    let next = priority.claim(2).await.unwrap();
+    assert_eq!(next.iter().map(|j| j.id).collect::<Vec<_>>(), otp, "the freed unit takes the OTP");
 }
 
 #[tokio::test]

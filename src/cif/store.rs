@@ -37,6 +37,7 @@ static RESERVE: LazyLock<String> = LazyLock::new(|| {
         returning: "t.code, t.lease_token, t.lease_expires_at, t.holder",
         carry: "",
         gate: "",
+        report: "",
     });
     let columns =
         Columns { actor: "$5", request_id: "$6", pool: "$7", cif: "code", holder: "holder", ..Default::default() };
@@ -62,6 +63,7 @@ static RESERVE_MANY: LazyLock<String> = LazyLock::new(|| {
                   SELECT n.pool_id, n.counter, r.rn, r.holder, r.actor, r.request_id FROM numbered n \
                   JOIN unnest($4::text[], $5::text[], $6::text[]) WITH ORDINALITY \
                        AS r(holder, actor, request_id, rn) ON r.rn = n.rn)",
+        report: "",
     });
     let columns = Columns {
         actor: "actor",

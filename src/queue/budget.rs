@@ -23,6 +23,10 @@
 //! provider timeout: a pod cut off from the database stops starting sends before its share can expire
 //! and be given away, so even a database stall cannot push the total over the budget.
 //!
+//! A claim that stops at a job because this pod's share of its provider is full, while the budget
+//! could give the pod more, asks for a sync at once ([`QueueRuntime::ask_for_more`]; at most one per
+//! [`EARLY_SYNC_GAP`]) instead of waiting for the next interval: its workers wait on that provider.
+//!
 //! Pacing: errors cut the deployment's limit by 30 % (at most once a second, whoever sees them), and
 //! it grows back by one slot per `limit` successes but never faster than the whole range (floor to
 //! `max_concurrency`) in [`REGROWTH`]. A pod that could not reach the database restarts the provider
@@ -42,6 +46,9 @@ use crate::queue::runtime::QueueRuntime;
 
 /// How often a pod reconciles its shares with the database.
 pub const SYNC_INTERVAL: Duration = Duration::from_millis(200);
+/// The least time between two syncs when claims ask for more ([`QueueRuntime::ask_for_more`]), so
+/// a pod whose claims keep stopping does not turn the budget rows into a hot spot.
+pub const EARLY_SYNC_GAP: Duration = Duration::from_millis(20);
 /// The least time the limit takes to grow from the floor back to `max_concurrency`.
 pub const REGROWTH: Duration = Duration::from_secs(10);
 /// Multiplicative cut on overload.
@@ -84,6 +91,24 @@ struct Local {
     stalled: bool,
     /// The deployment-wide limit as last read.
     limit: f64,
+    /// The most the last sync could have granted this pod: the budget less the other pods' shares.
+    ceiling: u32,
+}
+
+/// What a claim may do with a provider's jobs right now (see [`ProviderBudget::room`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    /// Paused, or this pod holds no valid share (never synced, cut off from the database): no send
+    /// may start for a while, so its jobs are stepped over.
+    Closed,
+    /// At the deployment's limit as far as this pod can have it (every unit it may hold is in
+    /// flight, or the rate's tokens are spent): its jobs are stepped over, since the worker that ends
+    /// one of its calls claims the next of them anyway, and waiting would idle workers other flows
+    /// can use.
+    AtLimit,
+    /// Sends that may start now. 0 means this pod's share is full but could grow: a claim stops at
+    /// the provider's first job and asks for a larger share at once.
+    Free(u32),
 }
 
 /// One call's claim on a pod's share; report how the call went, or drop it (neutral).
@@ -132,6 +157,24 @@ impl ProviderBudget {
     /// Sends this pod may start right now.
     pub fn available(&self) -> u32 {
         self.usable(&self.state.lock().expect("budget lock"), Instant::now())
+    }
+
+    /// What a claim may take of this provider's jobs now.
+    pub fn room(&self) -> Room {
+        let s = self.state.lock().expect("budget lock");
+        let now = Instant::now();
+        if s.valid_until.is_none_or(|v| now >= v) || s.paused_until.is_some_and(|p| now < p) {
+            return Room::Closed;
+        }
+        let free = s.cap.saturating_sub(s.in_flight);
+        if free == 0 {
+            return if s.cap >= s.ceiling { Room::AtLimit } else { Room::Free(0) };
+        }
+        match self.rate {
+            Some(_) if s.tokens < 1.0 => Room::AtLimit,
+            Some(_) => Room::Free(free.min(s.tokens.floor() as u32)),
+            None => Room::Free(free),
+        }
     }
 
     /// Notes that a claim wanted capacity it did not have: the next sync asks for more.
@@ -293,6 +336,7 @@ pub async fn register(db: &PgPool, budget: &ProviderBudget) -> Result<(), sqlx::
 /// What one sync granted.
 struct Grant {
     allowed: u32,
+    ceiling: u32,
     tokens: f64,
     limit: f64,
     paused_for: Option<Duration>,
@@ -326,6 +370,7 @@ impl ProviderBudget {
                 s.cap = grant.allowed;
                 s.tokens += grant.tokens;
                 s.limit = grant.limit;
+                s.ceiling = grant.ceiling;
                 // A stall (a lapsed share, or this very sync hanging) restarts the provider at its
                 // floor at the next sync, so the backlog that built up drains at a rising rate.
                 s.stalled = lapsed || started.elapsed() > STALL;
@@ -409,7 +454,8 @@ impl ProviderBudget {
         wants.push(want);
         let target = *water_fill(budget, &wants).last().expect("mine is in");
         let others_hold: u32 = others.iter().map(|(s, _)| (*s).max(0) as u32).sum();
-        let allowed = target.min(budget.saturating_sub(others_hold));
+        let ceiling = budget.saturating_sub(others_hold);
+        let allowed = target.min(ceiling);
         // Units still in flight stay recorded as ours until they end, so no other pod can take them.
         let recorded = allowed.max(in_flight);
         let tokens = match (self.rate, bucket) {
@@ -440,7 +486,7 @@ impl ProviderBudget {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(Grant { allowed, tokens, limit, paused_for })
+        Ok(Grant { allowed, ceiling, tokens, limit, paused_for })
     }
 
     /// Calls in flight on this pod.
@@ -472,9 +518,23 @@ pub async fn run(db: PgPool, runtime: std::sync::Arc<QueueRuntime>, grace: Durat
     }
     let mut tick = tokio::time::interval(SYNC_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_sync: Option<Instant> = None;
     loop {
-        tokio::select! { _ = stop.cancelled() => break, _ = tick.tick() => {} }
+        let ticked = tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => true,
+            _ = runtime.share_wanted.notified() => {
+                if let Some(wait) = last_sync.and_then(|at| EARLY_SYNC_GAP.checked_sub(at.elapsed())) {
+                    tokio::time::sleep(wait).await;
+                }
+                false
+            }
+        };
+        last_sync = Some(Instant::now());
         runtime.sync_budgets(&db).await;
+        if !ticked {
+            continue;
+        }
         if let Err(e) = runtime.refresh_pauses(&db).await {
             tracing::debug!(error = %e, "reading the queue pauses failed; the last ones read stay in force");
         }

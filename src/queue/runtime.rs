@@ -37,6 +37,8 @@ pub struct QueueRuntime {
     pub providers: BTreeMap<String, Arc<ProviderHandle>>,
     /// Wakes idle claimers when the LISTEN relay hears of new jobs.
     pub wake: Notify,
+    /// Wakes the budget task for an early sync: a claim stopped at a provider whose share could grow.
+    pub share_wanted: Notify,
     /// This instance's identity among the pods sharing the provider budgets (new at every start).
     pub member: Uuid,
     /// The pauses in force, as last read from `queue_pauses`.
@@ -72,6 +74,7 @@ impl QueueRuntime {
             classes,
             providers,
             wake: Notify::new(),
+            share_wanted: Notify::new(),
             member: Uuid::new_v4(),
             pauses: Default::default(),
         })
@@ -128,6 +131,15 @@ impl QueueRuntime {
         for provider in self.providers.keys() {
             let paused = if pauses.is_paused(PauseKind::Provider, provider) { 1.0 } else { 0.0 };
             metrics::gauge!("cifpool_queue_paused", "kind" => "provider", "name" => provider.clone()).set(paused);
+        }
+    }
+
+    /// A claim stopped at a job of `provider` for want of room: its next sync asks for every worker
+    /// that may send through it, and that sync runs now instead of at the next interval.
+    pub fn ask_for_more(&self, provider: &str) {
+        if let Some(handle) = self.providers.get(provider) {
+            handle.budget.note_starved();
+            self.share_wanted.notify_one();
         }
     }
 

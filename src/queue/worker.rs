@@ -12,12 +12,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::claim::Fenced;
+use crate::queue::budget::Room;
 use crate::queue::finish::Finisher;
 use crate::queue::policy::GroupPolicy;
 use crate::queue::provider::{Message, SendError};
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
-use crate::queue::store::{self, ClaimedJob};
+use crate::queue::store::{self, ClaimClass, Claimed, ClaimedJob};
 
 /// Claim loops per group (see [`WorkerGroup::run`]).
 const CLAIM_LOOPS: usize = 2;
@@ -72,32 +73,94 @@ impl WorkerGroup {
         Arc::new(WorkerGroup { policy, claim_sql, db, runtime, workers, finisher, in_flight: Default::default() })
     }
 
-    /// Free provider slots for this group: the most any one claim may take (0: every provider of its
-    /// classes is at its limit).
-    fn provider_capacity(&self) -> usize {
-        self.policy
-            .classes
-            .iter()
-            .filter_map(|name| self.runtime.classes.get(name))
-            .map(|c| c.provider.budget.available() as usize)
-            .max()
-            .unwrap_or(0)
+    /// The classes a claim of this group may take now, each with its provider's room, and the
+    /// providers whose jobs are stepped over because they are at the deployment's limit.
+    fn claimable_classes(&self) -> (Vec<ClaimClass>, Vec<&str>) {
+        let mut classes = Vec::new();
+        let mut at_limit = Vec::new();
+        for name in &self.policy.classes {
+            let Some(class) = self.runtime.classes.get(name) else { continue };
+            if !self.runtime.claimable(name) {
+                continue;
+            }
+            let budget = &class.provider.budget;
+            let free = match budget.room() {
+                Room::Closed => continue,
+                Room::AtLimit => {
+                    at_limit.push(class.provider.name.as_str());
+                    continue;
+                }
+                Room::Free(n) => n,
+            };
+            classes.push(ClaimClass {
+                name: name.clone(),
+                priority: class.settings.priority,
+                tenant_cap: class.settings.tenant_inflight_cap.min(i32::MAX as u32) as i32,
+                cap_binds: store::cap_can_bind(class.settings.tenant_inflight_cap, budget.max_concurrency()),
+                provider: class.provider.name.clone(),
+                free: free.min(i32::MAX as u32) as i32,
+            });
+        }
+        (classes, at_limit)
     }
 
-    /// Waits until a provider of this group's classes has room (a call ended, or a budget sync gave
-    /// this pod more), or `stop`, or a poll interval. Each such provider is told it was wanted, so its
-    /// next sync asks for a larger share.
-    async fn wait_for_provider(&self, stop: &CancellationToken) {
-        let mut waits: Vec<_> = Vec::new();
-        for name in &self.policy.classes {
-            if let Some(class) = self.runtime.classes.get(name) {
-                class.provider.budget.note_starved();
-                let mut freed = Box::pin(class.provider.budget.changed());
-                freed.as_mut().enable();
-                waits.push(freed);
+    /// Claims up to `n` jobs in the group's order, stopping at the first job whose provider has no
+    /// room for it (see [`store::claim_sql`]). Providers that held the claim up are asked for a
+    /// larger share at once; [`Claimed::stopped_at`] names the class to wait on.
+    // At debug: idle workers poll, and a span per empty poll would drown the traces that matter.
+    #[tracing::instrument(name = "claim", level = "debug", skip_all, fields(group = %self.policy.name, wanted = n))]
+    pub async fn claim_in_order(&self, n: usize) -> Result<Claimed, sqlx::Error> {
+        let (classes, at_limit) = self.claimable_classes();
+        // Jobs stepped over at a limit are still demand this pod could not serve: its next sync asks
+        // for a fair share of that provider.
+        for provider in at_limit {
+            if let Some(handle) = self.runtime.providers.get(provider) {
+                handle.budget.note_starved();
             }
         }
-        if waits.is_empty() || self.provider_capacity() > 0 {
+        if classes.is_empty() || n == 0 {
+            return Ok(Claimed::default());
+        }
+        // No more than the providers have room for in all: a claim locks every row it picks, and rows
+        // it locks beyond what it can take only make other claimers step over them.
+        let mut room = BTreeMap::new();
+        for c in &classes {
+            room.insert(c.provider.as_str(), c.free as usize);
+        }
+        let limit = n.min(room.values().sum());
+        if limit == 0 {
+            // Every share is full but could grow: the head of the order waits for one of them.
+            let first = classes[0].name.clone();
+            for provider in room.keys() {
+                self.runtime.ask_for_more(provider);
+            }
+            return Ok(Claimed { jobs: Vec::new(), stopped_at: Some(first) });
+        }
+        let lease = self.runtime.settings.lease;
+        let sql = if classes.iter().any(|c| c.cap_binds) { &self.claim_sql.0 } else { &self.claim_sql.1 };
+        let claimed = store::claim(&self.db, sql, limit, lease, &classes).await?;
+        if let Some(class) = claimed.stopped_at.as_ref().and_then(|c| self.runtime.classes.get(c)) {
+            self.runtime.ask_for_more(&class.provider.name);
+        }
+        Ok(claimed)
+    }
+
+    /// Claims up to `n` jobs (see [`WorkerGroup::claim_in_order`]).
+    pub async fn claim(&self, n: usize) -> Result<Vec<ClaimedJob>, sqlx::Error> {
+        Ok(self.claim_in_order(n).await?.jobs)
+    }
+
+    /// Waits until one of `providers` changes (a call ended, a sync), or `stop`, or a poll interval.
+    async fn wait_for_a_call_to_end(&self, providers: &[&str], stop: &CancellationToken) {
+        let mut waits = Vec::new();
+        for &name in providers {
+            if let Some(handle) = self.runtime.providers.get(name) {
+                let mut changed = Box::pin(handle.budget.changed());
+                changed.as_mut().enable();
+                waits.push(changed);
+            }
+        }
+        if waits.is_empty() || !self.claimable_classes().0.is_empty() {
             return;
         }
         tokio::select! {
@@ -107,47 +170,22 @@ impl WorkerGroup {
         }
     }
 
-    /// Claims up to `n` jobs of classes whose provider has a free slot.
-    // At debug: idle workers poll, and a span per empty poll would drown the traces that matter.
-    #[tracing::instrument(name = "claim", level = "debug", skip_all, fields(group = %self.policy.name, wanted = n))]
-    pub async fn claim(&self, n: usize) -> Result<Vec<ClaimedJob>, sqlx::Error> {
-        let mut classes = Vec::new();
-        let mut caps = Vec::new();
-        let mut priorities = Vec::new();
-        let mut locked = Vec::new();
-        // Claim no more than the tightest provider among the claimable classes has free, so a claimed
-        // job does not sit waiting for a provider slot while its lease and deadline run.
-        let mut capacity = usize::MAX;
-        for name in &self.policy.classes {
-            let Some(class) = self.runtime.classes.get(name) else { continue };
-            if !self.runtime.claimable(name) {
-                continue;
-            }
-            let free = class.provider.budget.available() as usize;
-            if free > 0 {
-                classes.push(name.clone());
-                caps.push(class.settings.tenant_inflight_cap as i32);
-                if store::cap_can_bind(class.settings.tenant_inflight_cap, class.provider.budget.max_concurrency()) {
-                    locked.push(name.clone());
-                }
-                priorities.push(class.settings.priority);
-                capacity = capacity.min(free);
-            }
+    /// Waits until the provider of `class` may have room (a call ended, a sync), or `stop`, or a
+    /// poll interval.
+    async fn wait_for_room(&self, class: &str, stop: &CancellationToken) {
+        let Some(class) = self.runtime.classes.get(class) else { return };
+        let budget = &class.provider.budget;
+        let changed = budget.changed();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if !matches!(budget.room(), Room::Free(0)) {
+            return;
         }
-        if classes.is_empty() || n == 0 {
-            return Ok(Vec::new());
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = changed => {}
+            _ = tokio::time::sleep(self.runtime.settings.poll_interval) => {}
         }
-        // Idle workers are waiting on the provider budget, not on jobs: ask for a larger share.
-        if n > capacity {
-            for name in &classes {
-                self.runtime.classes[name].provider.budget.note_starved();
-            }
-        }
-        priorities.sort_unstable();
-        priorities.dedup();
-        let lease = self.runtime.settings.lease;
-        let sql = if locked.is_empty() { &self.claim_sql.1 } else { &self.claim_sql.0 };
-        store::claim(&self.db, sql, n.min(capacity), lease, &classes, &caps, &priorities, &locked).await
     }
 
     /// One step: claim one job, send it, finish it. What tests drive instead of the loop.
@@ -332,20 +370,27 @@ impl WorkerGroup {
                     Err(_) => break,
                 }
             }
-            // Every provider is at its limit: claiming now would return nothing and the loop would
-            // fall back to polling; wait for a slot instead.
-            if self.provider_capacity() == 0 {
+            // Every provider of the group is at its limit: a claim would take nothing, so wait for
+            // one of them to end a call instead of polling.
+            let (classes, at_limit) = self.claimable_classes();
+            if classes.is_empty() && !at_limit.is_empty() {
                 drop(permits);
-                self.wait_for_provider(&stop).await;
+                self.wait_for_a_call_to_end(&at_limit, &stop).await;
                 continue;
             }
-            let jobs = match self.claim(permits.len()).await {
-                Ok(jobs) => jobs,
+            let Claimed { jobs, stopped_at } = match self.claim_in_order(permits.len()).await {
+                Ok(claimed) => claimed,
                 Err(e) => {
                     tracing::warn!(group = %self.policy.name, error = %e, "claim failed");
-                    Vec::new()
+                    Claimed::default()
                 }
             };
+            if let (true, Some(class)) = (jobs.is_empty(), stopped_at) {
+                // The head of the order waits for its provider: so do the workers.
+                drop(permits);
+                self.wait_for_room(&class, &stop).await;
+                continue;
+            }
             if jobs.is_empty() {
                 drop(permits);
                 let wake = self.runtime.wake.notified();
