@@ -35,6 +35,14 @@ impl Actor {
 /// The actor name of the service's own work.
 pub const SYSTEM: &str = "system";
 
+/// Whether `name` is (or could be read as) an actor the service writes itself: `system`, `bootstrap`
+/// (the admin token) or `cli:…` (an operator at the command line), in any letter case. No API key may
+/// take such a name, or the audit trail could not tell its actions from the service's.
+pub fn is_reserved_actor(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower == SYSTEM || lower == crate::auth::authenticator::BOOTSTRAP || lower.starts_with("cli:")
+}
+
 /// What the audited actions are called.
 pub mod action {
     /// A code was reserved.

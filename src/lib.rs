@@ -15,6 +15,7 @@
 //! - [`code`]: the pure keyed Feistel permutation, check digits and the code format.
 //! - [`keys`]: the master key (where it comes from) and the per-pool keys derived from it.
 //! - [`schedule`]: cron schedules of the maintenance jobs.
+//! - [`supervise`]: background loops restarted after a panic, and which of them are running.
 //! - [`validate`]: text and JSON checks shared by the API's inputs.
 //!
 //! **Shell**
@@ -47,5 +48,6 @@ pub mod queue;
 pub mod schedule;
 pub mod startup;
 pub mod state;
+pub mod supervise;
 pub mod telemetry;
 pub mod validate;

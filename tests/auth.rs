@@ -134,14 +134,54 @@ async fn a_tenant_bound_key_acts_only_for_its_tenants() {
     assert_problem(bank.post(app.url("/v1/notifications/batch")).json(&batch).send().await.unwrap(), 403).await;
     let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM notification_jobs").fetch_one(&db.pool).await.unwrap();
     assert_eq!(jobs, 1, "the refused batch wrote nothing");
-    // Another tenant's job cannot be read.
+    // Another tenant's job, read or canceled, answers exactly as a job that does not exist: the probe
+    // learns neither that it exists nor whose it is.
     let r = app.client.post(app.url("/v1/notifications")).json(&one(Some("shop"))).send().await.unwrap();
     let shop_id = r.json::<Value>().await.unwrap()["id"].as_i64().unwrap();
-    assert_problem(bank.get(app.url(&format!("/v1/notifications/{shop_id}"))).send().await.unwrap(), 403).await;
+    let missing = shop_id + 1000;
+    for (verb, path) in [("GET", ""), ("POST", "/cancel")] {
+        let ask = |id: i64| {
+            let url = app.url(&format!("/v1/notifications/{id}{path}"));
+            if verb == "GET" { bank.get(url) } else { bank.post(url) }
+        };
+        let theirs = assert_problem(ask(shop_id).send().await.unwrap(), 404).await;
+        let nobodys = assert_problem(ask(missing).send().await.unwrap(), 404).await;
+        let detail = |p: &Value, id: i64| p["detail"].as_str().unwrap().replace(&id.to_string(), "N");
+        assert_eq!(detail(&theirs, shop_id), detail(&nobodys, missing), "{verb} {path}");
+        assert!(!theirs.to_string().contains("shop"), "{theirs}");
+    }
+    assert_eq!(
+        sqlx::query_scalar::<_, String>("SELECT status FROM notification_jobs WHERE id = $1")
+            .bind(shop_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap(),
+        "pending",
+        "the probe canceled nothing"
+    );
     // A key bound to two tenants must name one.
     let two = client_with_key(&create_key(&app.state.db, &[Scope::NotifySend], Some(&["bank", "shop"])).await);
     assert_problem(two.post(app.url("/v1/notifications")).json(&one(None)).send().await.unwrap(), 422).await;
     assert_eq!(two.post(app.url("/v1/notifications")).json(&one(Some("shop"))).send().await.unwrap().status(), 202);
+}
+
+/// A flood of made-up secrets fills only the cache of secrets that name no key: a real key stays
+/// cached (its next request asks nothing of the database) however many strangers come.
+#[tokio::test]
+async fn made_up_secrets_cannot_flush_a_real_key_from_the_cache() {
+    use cifpool::auth::authenticator::Authenticator;
+    let db = fresh_database().await;
+    let real = create_key(&db.pool, &[Scope::CifRead], None).await;
+    let auth = Authenticator::with_capacity(db.pool.clone(), None, 50);
+    let caller = auth.authenticate(Some(&real)).await.unwrap();
+    for i in 0..200 {
+        let stranger = format!("cfp_{i:064x}");
+        assert!(auth.authenticate(Some(&stranger)).await.is_err());
+    }
+    // Revoked in the database: a cached key keeps working until its entry expires, a flushed one
+    // would be read again and refused.
+    sqlx::query("UPDATE api_keys SET revoked_at = now()").execute(&db.pool).await.unwrap();
+    assert_eq!(auth.authenticate(Some(&real)).await.unwrap(), caller, "still served from the cache");
 }
 
 #[tokio::test]

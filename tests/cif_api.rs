@@ -6,7 +6,10 @@ use std::collections::HashSet;
 
 use cifpool::cif::refill::{RefillOptions, RefillOutcome, refill};
 use cifpool::cif::{Pool, reclaim};
-use common::{TEST_ADMIN_TOKEN, TestApp, assert_problem, fresh_database, spawn_passive_app, test_settings_with_pools};
+use common::{
+    TEST_ADMIN_TOKEN, TestApp, assert_problem, client_with_key, create_key, fresh_database, spawn_passive_app,
+    test_settings_with_pools,
+};
 use serde_json::{Value, json};
 
 fn pool<'a>(app: &'a TestApp, name: &str) -> &'a Pool {
@@ -288,6 +291,38 @@ async fn idempotency_key_replays_the_same_reservation() {
     }
     assert_eq!(codes.len(), 1, "one key, one code");
     assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), 1, "{statuses:?}");
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM cif_codes WHERE state = 'reserved'").await, 2);
+}
+
+/// An idempotency key belongs to the key that sent it: another caller's same key is a request of its
+/// own (its own code and token), and each caller's replay returns its own hold.
+#[tokio::test]
+async fn an_idempotency_key_is_scoped_to_its_caller() {
+    use cifpool::auth::Scope;
+    let (db, app) = passive().await;
+    fill(&app, "individual").await;
+    let web = client_with_key(&create_key(&db.pool, &[Scope::CifReserve], None).await);
+    let mobile = client_with_key(&create_key(&db.pool, &[Scope::CifReserve], None).await);
+    let reserve = |client: &reqwest::Client| {
+        client
+            .post(app.url("/v1/cif"))
+            .header("idempotency-key", "application-1001")
+            .json(&json!({ "customer_type": "individual" }))
+            .send()
+    };
+    let r = reserve(&web).await.unwrap();
+    assert_eq!(r.status(), 201);
+    let web_hold: Value = r.json().await.unwrap();
+    let r = reserve(&mobile).await.unwrap();
+    assert_eq!(r.status(), 201, "another caller's key is a new request");
+    let mobile_hold: Value = r.json().await.unwrap();
+    assert_ne!(web_hold["cif"], mobile_hold["cif"]);
+    assert_ne!(web_hold["reservation_token"], mobile_hold["reservation_token"]);
+    for (client, own) in [(&web, &web_hold), (&mobile, &mobile_hold)] {
+        let r = reserve(client).await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(&r.json::<Value>().await.unwrap(), own, "a replay returns the caller's own hold");
+    }
     assert_eq!(count(&db.pool, "SELECT count(*) FROM cif_codes WHERE state = 'reserved'").await, 2);
 }
 

@@ -445,6 +445,42 @@ async fn backpressure_rejects_bulk_with_retry_after_but_always_takes_otp() {
     e.enqueue("promo", "shop", 1).await;
 }
 
+/// Backpressure is judged per tenant: one tenant's backlog puts the class far over its target wait;
+/// that tenant is refused, while another tenant of the same class is accepted and, claimed in its
+/// turn, served next.
+#[tokio::test]
+async fn one_tenants_flood_is_refused_and_another_tenant_is_still_accepted_and_served() {
+    let e = env().await;
+    e.batch("transactional", "flood", 2_000).await;
+    // Ten of its jobs finished within the drain window: ~0.33 jobs/s, so the 1,990 waiting are ~100
+    // minutes of work against the class's 2 minute target.
+    sqlx::query(
+        "UPDATE notification_jobs SET status = 'sent', finished_at = now() \
+         WHERE id IN (SELECT id FROM notification_jobs ORDER BY id LIMIT 10)",
+    )
+    .execute(&e.db.pool)
+    .await
+    .unwrap();
+    e.app.state.queue_stats.refresh_now(&e.app.state.db, &e.app.state.queue).await.unwrap();
+    let post = |tenant: &str| {
+        e.app
+            .client
+            .post(e.app.url("/v1/notifications"))
+            .json(&json!({ "class": "transactional", "tenant": tenant, "recipient": "+84900000009" }))
+            .send()
+    };
+    let r = post("flood").await.unwrap();
+    assert!(r.headers().get("retry-after").is_some());
+    assert_problem(r, 429).await;
+    let r = post("calm").await.unwrap();
+    assert_eq!(r.status(), 202, "a tenant within its fair share is admitted");
+    let calm = r.json::<Value>().await.unwrap()["id"].as_i64().unwrap();
+    // Its fair key is one turn past the head of the queue: the flood's job at the head, the flood's
+    // at the same key (older), then it.
+    let next: Vec<i64> = e.group(Strategy::Priority, 0).claim(3).await.unwrap().iter().map(|j| j.id).collect();
+    assert!(next.contains(&calm), "claimed in its turn, not after the flood: {next:?}");
+}
+
 #[tokio::test]
 async fn defer_mode_accepts_overload_but_schedules_it_later() {
     let e = env_with(|s| s.queue.overload = OverloadMode::Defer).await;
@@ -496,6 +532,134 @@ async fn bad_input_is_422_or_413_problem_json_and_writes_nothing() {
     let p = assert_problem(r, 422).await;
     assert!(p["detail"].as_str().unwrap().contains("jobs[1]"), "{p}");
     assert_eq!(e.count("SELECT count(*) FROM notification_jobs").await, 0);
+}
+
+/// Payloads Postgres would keep but the workers could not read back (or that `jsonb` refuses) are a
+/// 422 naming the field, and in a batch the job: never a 500, never stored.
+#[tokio::test]
+async fn payloads_that_would_not_round_trip_are_refused_alone_and_in_a_batch() {
+    let e = env().await;
+    let hostile: [(&str, &str); 5] = [
+        (r#"{"n": 1e400}"#, "range"),
+        (r#"{"n": [-1.7976931348623159e309]}"#, "range"),
+        (r#"{"s": "\ud800"}"#, "surrogate"),
+        (&format!("{}0{}", "[".repeat(40), "]".repeat(40)), "nested"),
+        (&format!(r#"{{"s": "{}"}}"#, "x".repeat(70 * 1024)), "bytes"),
+    ];
+    for (payload, why) in hostile {
+        let single =
+            format!(r#"{{"class": "otp", "tenant": "evil", "recipient": "+84900000001", "payload": {payload}}}"#);
+        let r = e
+            .app
+            .client
+            .post(e.app.url("/v1/notifications"))
+            .header("content-type", "application/json")
+            .body(single)
+            .send()
+            .await
+            .unwrap();
+        // The 70 KB one is over the single request's body limit before its payload is read.
+        if why == "bytes" {
+            assert_problem(r, 413).await;
+        } else {
+            let p = assert_problem(r, 422).await;
+            let detail = p["detail"].as_str().unwrap();
+            assert!(detail.contains("payload") && detail.contains(why), "{payload:.40}: {p}");
+        }
+        let batch = format!(
+            r#"{{"class": "promo", "tenant": "evil", "jobs": [{{"recipient": "a"}}, {{"recipient": "b", "payload": {payload}}}]}}"#
+        );
+        let r = e
+            .app
+            .client
+            .post(e.app.url("/v1/notifications/batch"))
+            .header("content-type", "application/json")
+            .body(batch)
+            .send()
+            .await
+            .unwrap();
+        let p = assert_problem(r, 422).await;
+        let detail = p["detail"].as_str().unwrap();
+        assert!(detail.contains("jobs[1]") && detail.contains(why), "{payload:.40}: {p}");
+    }
+    // A batch job far past any valid job's length is cut off while it streams, not held whole.
+    let huge = format!(
+        r#"{{"class": "promo", "tenant": "evil", "jobs": [{{"recipient": "a", "payload": "{}"}}]}}"#,
+        "x".repeat(8 << 20)
+    );
+    let r = e
+        .app
+        .client
+        .post(e.app.url("/v1/notifications/batch"))
+        .header("content-type", "application/json")
+        .body(huge)
+        .send()
+        .await
+        .unwrap();
+    let p = assert_problem(r, 422).await;
+    assert!(p["detail"].as_str().unwrap().contains("jobs[0]: longer than"), "{p}");
+    assert_eq!(e.count("SELECT count(*) FROM notification_jobs").await, 0);
+}
+
+/// A batch body that trickles in is cut off with 408 once it falls below the minimum average rate,
+/// instead of holding a batch slot, a connection and a transaction for the whole batch deadline.
+#[tokio::test]
+async fn a_batch_body_sent_too_slowly_is_cut_off_with_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let e = env_with(|s| s.queue.batch_min_bytes_per_second = 1_000).await;
+    let address = e.app.url("/").trim_start_matches("http://").trim_end_matches('/').to_string();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let start = r#"{"class":"promo","tenant":"slow","jobs":[{"recipient":"a"},"#;
+    let head = format!(
+        "POST /v1/notifications/batch HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{start}",
+        e.app.key,
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "no answer within 30 s");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("batch_min_bytes_per_second"), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(20), "cut off after the grace, not the batch deadline");
+    assert_eq!(e.count("SELECT count(*) FROM notification_jobs").await, 0);
+}
+
+/// A stored row the worker cannot read (here a payload written before intake refused such payloads)
+/// is dead-lettered with the reason, and the other jobs of its claim, another tenant's OTPs among
+/// them, are sent.
+#[tokio::test]
+async fn an_unreadable_row_is_dead_lettered_and_the_rest_of_its_claim_is_sent() {
+    let e = env().await;
+    let poison: i64 = sqlx::query_scalar(
+        "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts) \
+         VALUES ('otp', 0, 'evil', 0, '+84900000000', '{\"n\": 1e400}', 3) RETURNING id",
+    )
+    .fetch_one(&e.db.pool)
+    .await
+    .unwrap();
+    let good = e.enqueue("otp", "good", 5).await;
+    let group = e.group(Strategy::Priority, 0);
+    let claimed = group.claim(10).await.unwrap();
+    let mut ids: Vec<i64> = claimed.iter().map(|j| j.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, good, "every readable job of the claim");
+    for job in claimed {
+        let id = job.id;
+        assert_eq!(group.process(job).await.unwrap(), Outcome::Sent(id));
+    }
+    let (status, error): (String, String) =
+        sqlx::query_as("SELECT status, last_error FROM notification_jobs WHERE id = $1")
+            .bind(poison)
+            .fetch_one(&e.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "dead");
+    assert!(error.contains("cannot be read") && error.contains("payload"), "{error}");
+    assert_eq!(e.count("SELECT count(*) FROM notification_jobs WHERE tenant = 'good' AND status = 'sent'").await, 5);
+    assert!(group.claim(10).await.unwrap().is_empty(), "the dead letter is not claimed again");
 }
 
 #[tokio::test]

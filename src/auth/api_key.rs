@@ -120,6 +120,12 @@ impl NewKey {
                 "name must be 1 to {MAX_NAME} characters of A-Z, a-z, 0-9, '.', '_', ':' or '-'"
             )));
         }
+        if crate::audit::is_reserved_actor(&self.name) {
+            return Err(KeyError::Invalid(format!(
+                "name {:?} is reserved: the audit trail uses system, bootstrap and cli:… for the service itself",
+                self.name
+            )));
+        }
         if self.scopes.is_empty() {
             return Err(KeyError::Invalid("scopes must name at least one scope".into()));
         }
@@ -275,6 +281,11 @@ mod tests {
         assert!(key("has space", &["admin"], None).validate().is_err());
         assert!(key("k", &[], None).validate().is_err());
         assert!(key("k", &["cif:write"], None).validate().is_err());
+        for reserved in ["system", "bootstrap", "System", "BOOTSTRAP", "cli:root", "CLI:ops"] {
+            let error = key(reserved, &["admin"], None).validate().unwrap_err().to_string();
+            assert!(error.contains("reserved"), "{reserved}: {error}");
+        }
+        assert!(key("systems", &["admin"], None).validate().is_ok(), "only the names themselves");
         assert!(key("k", &["notify:send"], Some(vec![])).validate().is_err());
         assert!(key("k", &["notify:send"], Some(vec!["bank\n"])).validate().is_err());
         assert!(key("k", &["notify:send"], Some(vec!["bank"])).validate().is_ok());

@@ -1,8 +1,10 @@
 //! Turning a bearer secret into a [`Caller`], with a per-pod cache.
 //!
-//! A look-up is a SHA-256 and a hash-map probe; the database is asked at most once per
-//! [`CACHE_TTL`] per key and pod (unknown secrets included, so guessing costs the database nothing),
-//! which is also the longest a revoked key keeps working on a pod that has seen it.
+//! A look-up is a SHA-256 and a cache probe; the database is asked at most once per [`CACHE_TTL`] per
+//! key and pod, which is also the longest a revoked key keeps working on a pod that has seen it.
+//! Secrets that name no key are remembered apart, in a cache of their own: a flood of made-up secrets
+//! evicts only other made-up secrets, never a real key, so it cannot turn every real request into a
+//! database look-up. Both caches are bounded and evict one entry at a time.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,7 +21,7 @@ use crate::auth::scope::{Scope, ScopeSet};
 pub const CACHE_TTL: Duration = Duration::from_secs(5);
 /// How often a pod records that a key was used.
 pub const TOUCH_INTERVAL: Duration = Duration::from_secs(60);
-/// Entries the cache holds before it is cleared (bounds memory under a flood of made-up secrets).
+/// Keys each cache holds (the one of real keys, the one of secrets that name none).
 const MAX_ENTRIES: usize = 10_000;
 /// The actor name of `security.admin_token`.
 pub const BOOTSTRAP: &str = "bootstrap";
@@ -66,6 +68,7 @@ pub enum AuthError {
     Database(#[from] sqlx::Error),
 }
 
+#[derive(Clone)]
 struct Cached {
     caller: Option<Caller>,
     fetched: Instant,
@@ -75,7 +78,10 @@ struct Cached {
 pub struct Authenticator {
     db: PgPool,
     bootstrap: Option<SecretString>,
-    cache: Mutex<HashMap<KeyDigest, Cached>>,
+    /// Digests that name a key (revoked ones too).
+    keys: quick_cache::sync::Cache<KeyDigest, Cached>,
+    /// Digests that name no key.
+    strangers: quick_cache::sync::Cache<KeyDigest, Instant>,
     touched: Mutex<HashMap<Arc<str>, Instant>>,
     enforce: bool,
 }
@@ -83,7 +89,19 @@ pub struct Authenticator {
 impl Authenticator {
     /// Checks keys in `db`; `bootstrap` is `security.admin_token` (an `admin`-scoped caller).
     pub fn new(db: PgPool, bootstrap: Option<SecretString>) -> Authenticator {
-        Authenticator { db, bootstrap, cache: Mutex::default(), touched: Mutex::default(), enforce: true }
+        Authenticator::with_capacity(db, bootstrap, MAX_ENTRIES)
+    }
+
+    /// Like [`Authenticator::new`] with caches of `entries` each (tests fill them quickly).
+    pub fn with_capacity(db: PgPool, bootstrap: Option<SecretString>, entries: usize) -> Authenticator {
+        Authenticator {
+            db,
+            bootstrap,
+            keys: quick_cache::sync::Cache::new(entries),
+            strangers: quick_cache::sync::Cache::new(entries),
+            touched: Mutex::default(),
+            enforce: true,
+        }
     }
 
     /// Lets every request through as an all-scopes caller named `unauthenticated`. Only for measuring
@@ -127,22 +145,27 @@ impl Authenticator {
     }
 
     fn cached(&self, digest: &KeyDigest) -> Option<Option<Caller>> {
-        let cache = self.cache.lock().expect("key cache lock");
-        cache.get(digest).filter(|c| c.fetched.elapsed() < CACHE_TTL).map(|c| c.caller.clone())
+        if let Some(hit) = self.keys.get(digest).filter(|c| c.fetched.elapsed() < CACHE_TTL) {
+            return Some(hit.caller);
+        }
+        self.strangers.get(digest).filter(|at| at.elapsed() < CACHE_TTL).map(|_| None)
     }
 
     async fn fetch(&self, digest: KeyDigest) -> Result<Option<Caller>, sqlx::Error> {
         let key = api_key::find(&self.db, &digest).await?;
+        let key_found = key.is_some();
         let caller = key.filter(|k| k.revoked_at.is_none()).map(|k| Caller {
             name: k.name.into(),
             scopes: k.scopes.set(),
             tenants: k.tenants.map(Into::into),
         });
-        let mut cache = self.cache.lock().expect("key cache lock");
-        if cache.len() >= MAX_ENTRIES {
-            cache.clear();
+        metrics::counter!("cifpool_auth_key_lookups_total", "found" => if key_found { "yes" } else { "no" })
+            .increment(1);
+        if key_found {
+            self.keys.insert(digest, Cached { caller: caller.clone(), fetched: Instant::now() });
+        } else {
+            self.strangers.insert(digest, Instant::now());
         }
-        cache.insert(digest, Cached { caller: caller.clone(), fetched: Instant::now() });
         Ok(caller)
     }
 

@@ -122,13 +122,15 @@ pub fn reserve_sql() -> &'static str {
     RESERVE.as_str()
 }
 
-/// The reservation an idempotency key `$1` produced, with a `cif.replayed` row (actor `$2`, request
-/// id `$3`, pool name `$4`, holder `$5`) when it belongs to pool `$6`.
+/// The reservation idempotency key `$1` of caller `$2` produced, with a `cif.replayed` row (actor `$2`,
+/// request id `$3`, pool name `$4`, holder `$5`) when it belongs to pool `$6`. Keys are the caller's
+/// own: another caller's same key is not found.
 static REPLAY: LazyLock<String> = LazyLock::new(|| {
     let columns =
         Columns { actor: "$2", request_id: "$3", pool: "$4", cif: "code", holder: "$5", ..Default::default() };
     audited(
-        "SELECT pool_id, code, lease_token, lease_expires_at FROM cif_idempotency WHERE idempotency_key = $1",
+        "SELECT pool_id, code, lease_token, lease_expires_at FROM cif_idempotency \
+         WHERE caller = $2 AND idempotency_key = $1",
         &insert_from(action::CIF_REPLAYED, &columns, "done WHERE pool_id = $6"),
         "pool_id, code, lease_token, lease_expires_at",
     )
@@ -222,7 +224,8 @@ pub enum Reserved {
 }
 
 /// Reserves one code of `pool` for `holder`, recorded as `actor`'s. With an `idempotency_key`, a
-/// repeated key gets the first reservation back (and a `cif.replayed` row) instead of a second code.
+/// key the same actor sent before gets the first reservation back (and a `cif.replayed` row) instead
+/// of a second code; the same key from another actor is a request of its own.
 pub async fn reserve(
     db: &PgPool,
     pool: &Pool,
@@ -258,15 +261,16 @@ pub async fn reserve(
     };
     let held = reservation(pool, &row);
     let inserted = sqlx::query(
-        "INSERT INTO cif_idempotency (idempotency_key, pool_id, counter, code, lease_token, lease_expires_at) \
-         SELECT $1, $2, counter, code, $4, $5 FROM cif_codes WHERE pool_id = $2 AND code = $3 \
-         ON CONFLICT (idempotency_key) DO NOTHING",
+        "INSERT INTO cif_idempotency (caller, idempotency_key, pool_id, counter, code, lease_token, lease_expires_at) \
+         SELECT $6, $1, $2, counter, code, $4, $5 FROM cif_codes WHERE pool_id = $2 AND code = $3 \
+         ON CONFLICT (caller, idempotency_key) DO NOTHING",
     )
     .bind(key)
     .bind(pool.id)
     .bind(&held.cif)
     .bind(held.reservation_token)
     .bind(held.lease_expires_at)
+    .bind(&actor.name)
     .execute(&mut *tx)
     .await?;
     if inserted.rows_affected() == 0 {

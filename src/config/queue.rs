@@ -47,6 +47,10 @@ pub struct QueueSettings {
     /// OPERATIONS.md for measured figures).
     #[serde(default = "default_max_concurrent_batches")]
     pub max_concurrent_batches: usize,
+    /// Slowest average rate, in bytes per second, at which a batch body may arrive once its first
+    /// 5 s are past; a slower upload is cut off with 408, freeing its batch slot (0: any rate).
+    #[serde(default = "default_batch_min_bytes_per_second")]
+    pub batch_min_bytes_per_second: u64,
     /// Request deadline of the batch endpoint (a 500,000-job batch takes seconds).
     #[serde(with = "humantime_serde")]
     pub batch_timeout: Duration,
@@ -67,6 +71,10 @@ pub struct QueueSettings {
 
 fn default_max_concurrent_batches() -> usize {
     2
+}
+
+fn default_batch_min_bytes_per_second() -> u64 {
+    64 * 1024
 }
 
 impl QueueSettings {

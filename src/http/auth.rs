@@ -77,12 +77,10 @@ impl<S: Needs> FromRequestParts<AppState> for Authorized<S> {
 }
 
 impl<S> Authorized<S> {
-    /// 403 unless the caller may act for `tenant`.
-    pub fn check_tenant(&self, tenant: &str) -> Result<(), ApiError> {
-        if self.caller.may_act_for(tenant) {
-            Ok(())
-        } else {
-            Err(ApiError::Forbidden(format!("this API key may not act for tenant {tenant:?}")))
-        }
+    /// Whether the caller may see what belongs to `tenant`. Something it may not see is answered
+    /// exactly as something that does not exist (404), so a probe learns neither that it exists nor
+    /// whose it is.
+    pub fn may_see(&self, tenant: &str) -> bool {
+        self.caller.may_act_for(tenant)
     }
 }

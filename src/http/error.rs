@@ -63,6 +63,9 @@ pub enum ApiError {
     /// 404: no such resource.
     #[error("{0}")]
     NotFound(String),
+    /// 408: the client sent its body too slowly.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// 409: the request conflicts with the resource's state (e.g. a stale reservation token).
     #[error("{0}")]
     Conflict(String),
@@ -108,6 +111,7 @@ impl IntoResponse for ApiError {
             }
             ApiError::Forbidden(d) => (StatusCode::FORBIDDEN, "forbidden", d, None),
             ApiError::NotFound(d) => (StatusCode::NOT_FOUND, "not-found", d, None),
+            ApiError::RequestTimeout(d) => (StatusCode::REQUEST_TIMEOUT, "request-timeout", d, None),
             ApiError::Conflict(d) => (StatusCode::CONFLICT, "conflict", d, None),
             ApiError::PayloadTooLarge(d) => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", d, None),
             ApiError::Unprocessable(d) => (StatusCode::UNPROCESSABLE_ENTITY, "unprocessable", d, None),

@@ -27,11 +27,20 @@ async fn healthz() -> impl IntoResponse {
     axum::Json(json!({ "status": "ok" }))
 }
 
-/// Ready to take traffic: the database answers and carries the schema this binary needs.
+/// Ready to take traffic: the database answers and carries the schema this binary needs, and every
+/// supervised queue loop (each worker group's claim loops, the budget sync, the new-job relay) runs.
 async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
     let readiness = db::readiness(&state.db, READINESS_TIMEOUT).await;
     crate::telemetry::collectors::record_readiness(&readiness);
+    let down = state.queue.liveness.down();
     match readiness {
+        Readiness::Ready if !down.is_empty() => {
+            tracing::warn!(?down, "readiness: background tasks down");
+            Err(ApiError::Unavailable {
+                detail: format!("not running: {}", down.join(", ")),
+                retry_after_secs: Some(1),
+            })
+        }
         Readiness::Ready => Ok(axum::Json(json!({
             "status": "ready",
             "schema_version": db::latest_migration(),

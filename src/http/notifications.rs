@@ -68,6 +68,7 @@ impl From<SubmitError> for ApiError {
             e @ SubmitError::Forbidden(_) => ApiError::Forbidden(e.to_string()),
             e @ (SubmitError::TooMany { .. } | SubmitError::BodyTooLarge) => ApiError::PayloadTooLarge(e.to_string()),
             SubmitError::Malformed(detail) => ApiError::BadRequest(detail),
+            e @ SubmitError::TooSlow(_) => ApiError::RequestTimeout(e.to_string()),
             SubmitError::Overloaded { ref retry_after, .. } => {
                 ApiError::TooManyRequests { retry_after_secs: retry_after.as_secs().max(1), detail: e.to_string() }
             }
@@ -134,13 +135,13 @@ async fn get_job(
     Ok(Json(visible_job(&state, &auth, id).await?))
 }
 
-/// Job `id` if it exists and the caller may act for its tenant; a key may not even learn how far
-/// another tenant's job got.
+/// Job `id` if it exists and the caller may act for its tenant; another tenant's job is answered as
+/// one that does not exist, so a key learns neither that it exists nor whose it is.
 async fn visible_job<S>(state: &AppState, auth: &Authorized<S>, id: i64) -> Result<JobView, ApiError> {
-    let job =
-        store::get_job(&state.db, id).await?.ok_or_else(|| ApiError::NotFound(format!("no notification {id}")))?;
-    auth.check_tenant(&job.tenant)?;
-    Ok(job)
+    match store::get_job(&state.db, id).await? {
+        Some(job) if auth.may_see(&job.tenant) => Ok(job),
+        _ => Err(ApiError::NotFound(format!("no notification {id}"))),
+    }
 }
 
 fn parse_id(id: &str, what: &str) -> Result<i64, ApiError> {
@@ -164,14 +165,14 @@ async fn cancel_job(
     }
 }
 
-/// The batch `id`, once the caller is allowed to see every tenant it holds.
+/// The batch `id`, if the caller may see every tenant it holds (else, as for a batch that does not
+/// exist, 404).
 async fn authorized_batch<S>(auth: &Authorized<S>, state: &AppState, id: &str) -> Result<cancel::Batch, ApiError> {
     let id = parse_id(id, "batch")?;
-    let batch = cancel::batch(&state.db, id).await?.ok_or_else(|| ApiError::NotFound(format!("no batch {id}")))?;
-    for tenant in &batch.tenants {
-        auth.check_tenant(tenant)?;
+    match cancel::batch(&state.db, id).await? {
+        Some(batch) if batch.tenants.iter().all(|t| auth.may_see(t)) => Ok(batch),
+        _ => Err(ApiError::NotFound(format!("no batch {id}"))),
     }
-    Ok(batch)
 }
 
 async fn get_batch(

@@ -153,6 +153,37 @@ pub fn admit(rt: &QueueRuntime, stats: &QueueStats, class: &str) -> Admission {
     }
 }
 
+/// [`admit`] for `jobs` more jobs of `tenant`: when the class is over its target wait but its groups
+/// claim it in weighted turns among tenants, a tenant whose own predicted wait (its backlog over its
+/// part of the drain) is within the target is still accepted. So the tenants whose backlog causes the
+/// overload are refused (or deferred), and a tenant within its fair share is not. A class claimed in
+/// arrival order by any group, or with nothing draining, is judged as a whole.
+pub fn admit_tenant(rt: &QueueRuntime, stats: &QueueStats, class: &str, tenant: &str, jobs: u64) -> Admission {
+    let whole = admit(rt, stats, class);
+    if whole == Admission::Accept {
+        return whole;
+    }
+    let Some(target) = rt.classes.get(class).and_then(|c| c.settings.target_wait) else { return whole };
+    let fair = rt
+        .group_policies()
+        .iter()
+        .filter(|g| g.takes(class))
+        .all(|g| g.order == crate::queue::policy::ClaimOrder::Priority);
+    if !fair {
+        return whole;
+    }
+    match stats.tenant_predicted_wait(class, tenant, jobs, &rt.settings.tenant_weights) {
+        Some(own) if own <= target => Admission::Accept,
+        Some(own) => match whole {
+            Admission::Defer(_) => Admission::Defer(own - target),
+            Admission::Reject(_) => Admission::Reject((own - target).max(Duration::from_secs(1))),
+            Admission::WouldReject(_) => Admission::WouldReject((own - target).max(Duration::from_secs(1))),
+            Admission::Accept => Admission::Accept,
+        },
+        None => whole,
+    }
+}
+
 /// Logs an observed would-be rejection at most once every 10 s per class.
 fn log_would_reject(class: &str, excess: Duration) {
     static LAST: std::sync::Mutex<BTreeMap<String, std::time::Instant>> = std::sync::Mutex::new(BTreeMap::new());
@@ -181,10 +212,14 @@ pub enum SubmitError {
     /// The body is not JSON, or ends (or the connection breaks) before the JSON does (400).
     #[error("{0}")]
     Malformed(String),
+    /// The batch body arrived more slowly than `queue.batch_min_bytes_per_second` (408).
+    #[error("{0}; send it faster or in smaller batches (queue.batch_min_bytes_per_second)")]
+    TooSlow(String),
     /// The batch body outgrew `queue.batch_body_limit_bytes` while it streamed in (413).
     #[error("the request body is larger than the batch body limit (queue.batch_body_limit_bytes)")]
     BodyTooLarge,
-    /// The class is over its target wait and intake sheds it: retry after the delay.
+    /// The class is over its target wait because of this tenant's own backlog (or as a whole, when
+    /// its jobs are not claimed in turns among tenants), and intake sheds it: retry after the delay.
     #[error("class {class:?} is over its target wait; retry later")]
     Overloaded {
         /// The class shed.
@@ -236,15 +271,16 @@ pub struct Submitted {
     pub created: bool,
 }
 
-/// The delay intake gives `class` now (zero, or the deferral), or its refusal; counts the outcome
-/// for `jobs` jobs.
+/// The delay intake gives `jobs` jobs of `class` for `tenant` now (zero, or the deferral), or its
+/// refusal ([`admit_tenant`]); counts the outcome.
 pub(crate) fn delay_or_shed(
     rt: &QueueRuntime,
     stats: &QueueStats,
     class: &str,
+    tenant: &str,
     jobs: u64,
 ) -> Result<Duration, SubmitError> {
-    match admit(rt, stats, class) {
+    match admit_tenant(rt, stats, class, tenant, jobs) {
         Admission::Accept => Ok(Duration::ZERO),
         Admission::Defer(delay) => Ok(delay),
         Admission::Reject(retry_after) => {
@@ -276,7 +312,7 @@ pub async fn submit_one(
     {
         return Ok(Submitted { id, created: false });
     }
-    let delay = delay_or_shed(rt, stats, &job.class, 1)?;
+    let delay = delay_or_shed(rt, stats, &job.class, &job.tenant, 1)?;
     let done = enqueue::enqueue_one(db, rt, &job, delay).await?;
     metrics::counter!("cifpool_queue_enqueued_total", "class" => job.class.clone()).increment(u64::from(done.created));
     Ok(Submitted { id: done.id, created: done.created })

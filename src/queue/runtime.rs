@@ -37,6 +37,9 @@ pub struct QueueRuntime {
     pub providers: BTreeMap<String, Arc<ProviderHandle>>,
     /// Wakes idle claimers when the LISTEN relay hears of new jobs.
     pub wake: Notify,
+    /// The supervised background loops of the queue (claim loops, budget sync, wake-up relay) that
+    /// are running: readiness fails while one of them is down.
+    pub liveness: crate::supervise::Liveness,
     /// Wakes the budget task for an early sync: a claim stopped at a provider whose share could grow.
     pub share_wanted: Notify,
     /// This instance's identity among the pods sharing the provider budgets (new at every start).
@@ -75,6 +78,7 @@ impl QueueRuntime {
             providers,
             wake: Notify::new(),
             share_wanted: Notify::new(),
+            liveness: Default::default(),
             member: Uuid::new_v4(),
             pauses: Default::default(),
         })
@@ -184,7 +188,15 @@ impl QueueRuntime {
             let group = WorkerGroup::new(policy, db.clone(), self.clone());
             tasks.spawn(group.run(stop.clone(), grace));
         }
-        tasks.spawn(crate::queue::listen::relay(db.clone(), self.clone(), stop.clone()));
-        tasks.spawn(budget::run(db.clone(), self.clone(), grace + Duration::from_secs(1), stop.clone()));
+        let (rt, db_, stop_) = (self.clone(), db.clone(), stop.clone());
+        tasks.spawn(async move {
+            let make = || crate::queue::listen::relay(db_.clone(), rt.clone(), stop_.clone());
+            crate::supervise::supervised("new-job relay".into(), &rt.liveness, stop_.clone(), make).await
+        });
+        let (rt, db_, stop_) = (self.clone(), db.clone(), stop.clone());
+        tasks.spawn(async move {
+            let make = || budget::run(db_.clone(), rt.clone(), grace + Duration::from_secs(1), stop_.clone());
+            crate::supervise::supervised("provider budget sync".into(), &rt.liveness, stop_.clone(), make).await
+        });
     }
 }

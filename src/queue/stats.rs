@@ -37,10 +37,32 @@ pub struct ClassStats {
     pub oldest_dead_age_s: f64,
 }
 
+/// One tenant's waiting jobs in a class.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TenantLoad {
+    /// Its jobs waiting to be claimed.
+    pub pending: u64,
+    /// Seconds since its longest-waiting due job became due.
+    pub oldest_age_s: f64,
+}
+
+/// The tenants with waiting jobs in a class.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClassTenants {
+    /// The tenants with the most waiting jobs (up to [`TENANTS_KEPT`]).
+    pub tenants: BTreeMap<String, TenantLoad>,
+    /// How many tenants have waiting jobs at all.
+    pub active: u64,
+}
+
+/// Tenants per class whose load is kept (those with the most waiting jobs); the others are counted.
+pub const TENANTS_KEPT: usize = 1_000;
+
 /// The latest snapshot, refreshed by the maintenance loop.
 #[derive(Debug, Default)]
 pub struct QueueStats {
     classes: RwLock<BTreeMap<String, ClassStats>>,
+    tenants: RwLock<BTreeMap<String, ClassTenants>>,
 }
 
 impl QueueStats {
@@ -52,6 +74,39 @@ impl QueueStats {
     /// Replaces one class's numbers (refresh, tests).
     pub fn set(&self, class: &str, stats: ClassStats) {
         self.classes.write().expect("stats lock").insert(class.to_string(), stats);
+    }
+
+    /// Replaces one class's tenant loads (refresh, tests).
+    pub fn set_tenants(&self, class: &str, tenants: ClassTenants) {
+        self.tenants.write().expect("stats lock").insert(class.to_string(), tenants);
+    }
+
+    /// Predicted wait of `jobs` more jobs of `tenant` in `class` when the class is claimed in weighted
+    /// turns among tenants: the tenant drains at its weight's part of the class's drain rate, so its
+    /// wait is its own backlog over that part, and never less than its own longest wait. `None`
+    /// before the first refresh, and when nothing of the class drains (a stalled class is judged as a
+    /// whole).
+    pub fn tenant_predicted_wait(
+        &self,
+        class: &str,
+        tenant: &str,
+        jobs: u64,
+        weights: &BTreeMap<String, f64>,
+    ) -> Option<Duration> {
+        let s = self.get(class)?;
+        if s.drain_per_s <= 0.0 {
+            return None;
+        }
+        let all = self.tenants.read().expect("stats lock");
+        let loads = all.get(class)?;
+        let weight = |t: &str| weights.get(t).copied().unwrap_or(1.0);
+        let own = loads.tenants.get(tenant).copied().unwrap_or_default();
+        let listed = loads.tenants.len() as u64 - u64::from(loads.tenants.contains_key(tenant));
+        let others: f64 = loads.tenants.keys().filter(|t| *t != tenant).map(|t| weight(t)).sum::<f64>()
+            + loads.active.saturating_sub(listed + u64::from(own.pending > 0)) as f64;
+        let share = s.drain_per_s * weight(tenant) / (others + weight(tenant));
+        let by_rate = (own.pending + jobs) as f64 / share;
+        Some(Duration::from_secs_f64(by_rate.max(own.oldest_age_s)))
     }
 
     /// Predicted wait of a job enqueued now: pending ahead / drain rate, and never less than the
@@ -84,11 +139,15 @@ impl QueueStats {
     async fn publish(&self, db: &PgPool, rt: &QueueRuntime) -> Result<(), sqlx::Error> {
         let stored: Vec<StoredStats> = sqlx::query_as(
             "SELECT class, pending, extract(epoch FROM now() - oldest_due_at)::float8 AS oldest_age_s, \
-                    drain_per_s, dead, extract(epoch FROM now() - oldest_dead_at)::float8 AS oldest_dead_age_s \
+                    drain_per_s, dead, extract(epoch FROM now() - oldest_dead_at)::float8 AS oldest_dead_age_s, \
+                    tenants, active_tenants, extract(epoch FROM now())::float8 AS now_epoch \
              FROM queue_class_stats",
         )
         .fetch_all(db)
         .await?;
+        for s in &stored {
+            self.set_tenants(&s.class, s.tenant_loads());
+        }
         for class in rt.classes.keys() {
             let stats = stored.iter().find(|s| &s.class == class).map_or(ClassStats::default(), |s| ClassStats {
                 pending: s.pending.max(0) as u64,
@@ -119,6 +178,23 @@ struct StoredStats {
     drain_per_s: f64,
     dead: i64,
     oldest_dead_age_s: Option<f64>,
+    tenants: sqlx::types::Json<BTreeMap<String, (i64, Option<f64>)>>,
+    active_tenants: i64,
+    now_epoch: f64,
+}
+
+impl StoredStats {
+    fn tenant_loads(&self) -> ClassTenants {
+        let tenants = self
+            .tenants
+            .iter()
+            .map(|(t, (pending, due_at))| {
+                let oldest_age_s = due_at.map_or(0.0, |at| (self.now_epoch - at).max(0.0));
+                (t.clone(), TenantLoad { pending: (*pending).max(0) as u64, oldest_age_s })
+            })
+            .collect();
+        ClassTenants { tenants, active: self.active_tenants.max(0) as u64 }
+    }
 }
 
 /// Who computed the numbers a [`QueueStats::refresh`] published.
@@ -166,13 +242,32 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
     }
     static WAITING: LazyLock<String> = LazyLock::new(|| {
         format!(
-            "SELECT class, count(*), min(greatest(created_at, run_after)) FILTER (WHERE run_after <= now()) \
-             FROM notification_jobs WHERE status IN ({waiting}) GROUP BY class",
+            "SELECT class, tenant, count(*), \
+                    min(greatest(created_at, run_after)) FILTER (WHERE run_after <= now()) \
+             FROM notification_jobs WHERE status IN ({waiting}) GROUP BY class, tenant",
             waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE)
         )
     });
     type Counted = (String, i64, Option<DateTime<Utc>>);
-    let waiting: Vec<Counted> = sqlx::query_as(sqlx::AssertSqlSafe(WAITING.as_str())).fetch_all(&mut *tx).await?;
+    /// A tenant's waiting jobs in one class: its name, how many, since when the oldest is due.
+    type Load<'a> = (&'a str, i64, Option<DateTime<Utc>>);
+    let by_tenant: Vec<(String, String, i64, Option<DateTime<Utc>>)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(WAITING.as_str())).fetch_all(&mut *tx).await?;
+    let mut waiting: Vec<Counted> = Vec::new();
+    let mut tenants: BTreeMap<&str, Vec<Load<'_>>> = BTreeMap::new();
+    for (class, tenant, n, oldest) in &by_tenant {
+        match waiting.iter_mut().find(|w| &w.0 == class) {
+            Some(w) => {
+                w.1 += n;
+                w.2 = match (w.2, *oldest) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            None => waiting.push((class.clone(), *n, *oldest)),
+        }
+        tenants.entry(class).or_default().push((tenant, *n, *oldest));
+    }
     // A literal, not a bind: a generic plan could not prove the partial dead-letter index applies.
     static DEAD: LazyLock<String> = LazyLock::new(|| {
         format!(
@@ -183,6 +278,7 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
     let dead: Vec<Counted> = sqlx::query_as(sqlx::AssertSqlSafe(DEAD.as_str())).fetch_all(&mut *tx).await?;
     let (mut pending, mut oldest_due_at, mut drain_per_s, mut dead_count, mut oldest_dead_at) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut tenant_loads, mut active_tenants) = (Vec::new(), Vec::new());
     for class in &classes {
         // The most recent finishes only, so the cost is bounded whatever the rate: under
         // DRAIN_SAMPLE finishes in the window, the rate is count / window; at or above it, the
@@ -210,15 +306,26 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
         let (n, oldest) = dead.iter().find(|d| &d.0 == class).map_or((0, None), |d| (d.1, d.2));
         dead_count.push(n);
         oldest_dead_at.push(oldest);
+        let mut loads = tenants.remove(class.as_str()).unwrap_or_default();
+        active_tenants.push(loads.len() as i64);
+        loads.sort_by_key(|(_, n, _)| std::cmp::Reverse(*n));
+        loads.truncate(TENANTS_KEPT);
+        let kept: BTreeMap<&str, (i64, Option<f64>)> = loads
+            .into_iter()
+            .map(|(t, n, oldest)| (t, (n, oldest.map(|at| at.timestamp_micros() as f64 / 1e6))))
+            .collect();
+        tenant_loads.push(serde_json::to_value(kept).expect("a map of numbers serialises"));
     }
     sqlx::query(
         "INSERT INTO queue_class_stats \
-             (class, pending, oldest_due_at, drain_per_s, dead, oldest_dead_at, refreshed_at) \
+             (class, pending, oldest_due_at, drain_per_s, dead, oldest_dead_at, tenants, active_tenants, refreshed_at) \
          SELECT c.*, now() \
-         FROM unnest($1::text[], $2::int8[], $3::timestamptz[], $4::float8[], $5::int8[], $6::timestamptz[]) AS c \
+         FROM unnest($1::text[], $2::int8[], $3::timestamptz[], $4::float8[], $5::int8[], $6::timestamptz[], \
+                     $7::jsonb[], $8::int8[]) AS c \
          ON CONFLICT (class) DO UPDATE SET pending = excluded.pending, oldest_due_at = excluded.oldest_due_at, \
              drain_per_s = excluded.drain_per_s, dead = excluded.dead, \
-             oldest_dead_at = excluded.oldest_dead_at, refreshed_at = excluded.refreshed_at",
+             oldest_dead_at = excluded.oldest_dead_at, tenants = excluded.tenants, \
+             active_tenants = excluded.active_tenants, refreshed_at = excluded.refreshed_at",
     )
     .bind(&classes)
     .bind(&pending)
@@ -226,6 +333,8 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
     .bind(&drain_per_s)
     .bind(&dead_count)
     .bind(&oldest_dead_at)
+    .bind(&tenant_loads)
+    .bind(&active_tenants)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;

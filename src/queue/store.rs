@@ -206,6 +206,8 @@ pub struct Claimed {
     pub jobs: Vec<ClaimedJob>,
     /// The class of the first job the claim had to stop at because its provider had no room left.
     pub stopped_at: Option<String>,
+    /// Claimed rows that could not be read: the caller dead-letters them ([`mark_unreadable`]).
+    pub unreadable: Vec<Unreadable>,
 }
 
 /// Claims up to `limit` jobs of `classes` with a prepared [`claim_sql`] statement, one autocommit
@@ -239,26 +241,55 @@ pub async fn claim(
     let mut claimed = Claimed::default();
     for r in rows {
         if claimed.stopped_at.is_none() {
-            claimed.stopped_at = r.get("report");
+            claimed.stopped_at = r.try_get("report")?;
         }
         // The one row of a claim that took nothing has NULL claim columns.
-        let Some(id) = r.get::<Option<i64>, _>("id") else { continue };
-        claimed.jobs.push(ClaimedJob {
-            id,
-            class: r.get("class"),
-            tenant: r.get("tenant"),
-            recipient: r.get("recipient"),
-            payload: r.get("payload"),
-            attempt: r.get("attempts"),
-            max_attempts: r.get("max_attempts"),
-            deadline: r.get("deadline"),
-            token: r.get("lease_token"),
-            created_at: r.get("created_at"),
-            picked_at: r.get("picked_at"),
-            traceparent: r.get("traceparent"),
-        });
+        let Some(id) = r.try_get::<Option<i64>, _>("id")? else { continue };
+        match decode(id, &r) {
+            Ok(job) => claimed.jobs.push(job),
+            Err(e) => {
+                claimed.unreadable.push(Unreadable { id, token: r.try_get("lease_token")?, error: e.to_string() })
+            }
+        }
     }
     Ok(claimed)
+}
+
+/// A claimed row as a [`ClaimedJob`]; an error for a row the worker cannot read (a payload stored
+/// before intake refused such payloads, or written by hand).
+fn decode(id: i64, r: &sqlx::postgres::PgRow) -> Result<ClaimedJob, sqlx::Error> {
+    Ok(ClaimedJob {
+        id,
+        class: r.try_get("class")?,
+        tenant: r.try_get("tenant")?,
+        recipient: r.try_get("recipient")?,
+        payload: r.try_get("payload")?,
+        attempt: r.try_get("attempts")?,
+        max_attempts: r.try_get("max_attempts")?,
+        deadline: r.try_get("deadline")?,
+        token: r.try_get("lease_token")?,
+        created_at: r.try_get("created_at")?,
+        picked_at: r.try_get("picked_at")?,
+        traceparent: r.try_get("traceparent")?,
+    })
+}
+
+/// A claimed row the worker could not read: it goes to the dead letters ([`mark_unreadable`]).
+#[derive(Debug, Clone)]
+pub struct Unreadable {
+    /// The job.
+    pub id: i64,
+    /// This claim's fencing token.
+    pub token: Uuid,
+    /// Why it could not be read.
+    pub error: String,
+}
+
+/// Dead-letters a claimed row that cannot be read, fenced by its claim's token, with the reason as
+/// its last error: retrying it would only fail the same way.
+pub async fn mark_unreadable(db: &PgPool, job: &Unreadable) -> Result<Fenced, sqlx::Error> {
+    let error = format!("the stored job cannot be read: {}", job.error);
+    mark_final_fenced(db, job.id, job.token, JobStatus::Dead, &error).await
 }
 
 /// `$5` is what the attempt costs: 0 for a throttled send (the claim counted an attempt the provider
@@ -361,11 +392,21 @@ async fn retry(db: &PgPool, job: &ClaimedJob, delay: Duration, error: &str, cost
 /// [`mark_sent`], which also records the provider's reference.
 /// The error text is kept scrubbed ([`crate::queue::scrub::scrub_error`]).
 pub async fn mark_final(db: &PgPool, job: &ClaimedJob, state: JobStatus, error: &str) -> Result<Fenced, sqlx::Error> {
+    mark_final_fenced(db, job.id, job.token, state, error).await
+}
+
+async fn mark_final_fenced(
+    db: &PgPool,
+    id: i64,
+    token: Uuid,
+    state: JobStatus,
+    error: &str,
+) -> Result<Fenced, sqlx::Error> {
     let error = crate::queue::scrub::scrub_error(error);
     debug_assert!(matches!(state, JobStatus::Dead | JobStatus::Expired), "{state} is not a failed final state");
     let done = sqlx::query(sqlx::AssertSqlSafe(MARK_FINAL.as_str()))
-        .bind(job.token)
-        .bind(job.id)
+        .bind(token)
+        .bind(id)
         .bind(state.as_str())
         .bind(error)
         .execute(db)

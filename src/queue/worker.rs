@@ -134,11 +134,19 @@ impl WorkerGroup {
             for provider in room.keys() {
                 self.runtime.ask_for_more(provider);
             }
-            return Ok(Claimed { jobs: Vec::new(), stopped_at: Some(first) });
+            return Ok(Claimed { stopped_at: Some(first), ..Claimed::default() });
         }
         let lease = self.runtime.settings.lease;
         let sql = if classes.iter().any(|c| c.cap_binds) { &self.claim_sql.0 } else { &self.claim_sql.1 };
-        let claimed = store::claim(&self.db, sql, limit, lease, &classes).await?;
+        let mut claimed = store::claim(&self.db, sql, limit, lease, &classes).await?;
+        // A row nobody can read must not hold up the rest of its batch, nor come back after its lease.
+        for job in std::mem::take(&mut claimed.unreadable) {
+            tracing::warn!(job = job.id, error = %job.error, "claimed job cannot be read: dead-lettered");
+            metrics::counter!("cifpool_queue_unreadable_total").increment(1);
+            if let Err(e) = store::mark_unreadable(&self.db, &job).await {
+                tracing::warn!(job = job.id, error = %e, "dead-lettering an unreadable job failed; its lease will expire");
+            }
+        }
         if let Some(class) = claimed.stopped_at.as_ref().and_then(|c| self.runtime.classes.get(c)) {
             self.runtime.ask_for_more(&class.provider.name);
         }
@@ -340,11 +348,17 @@ impl WorkerGroup {
     pub async fn run(self: Arc<Self>, stop: CancellationToken, grace: Duration) {
         // Several claim loops, so one claim's round trip and commit overlap another's instead of
         // leaving the workers idle between them.
-        let mut claimers = tokio::task::JoinSet::new();
-        for _ in 0..CLAIM_LOOPS {
-            claimers.spawn(self.clone().claim_loop(stop.clone()));
-        }
-        while claimers.join_next().await.is_some() {}
+        // Each loop is supervised: one that panics is started again, and readiness fails while the
+        // group has none running.
+        let task = format!("claim loop of group {}", self.policy.name);
+        let loops = (0..CLAIM_LOOPS).map(|_| {
+            let (group, stop, task) = (self.clone(), stop.clone(), task.clone());
+            async move {
+                let make = || group.clone().claim_loop(stop.clone());
+                crate::supervise::supervised(task, &group.runtime.liveness, stop.clone(), make).await
+            }
+        });
+        futures_util::future::join_all(loops).await;
         let all = self.policy.size as u32;
         if tokio::time::timeout(grace, self.workers.acquire_many(all)).await.is_err() {
             self.hand_back().await;
@@ -378,7 +392,7 @@ impl WorkerGroup {
                 self.wait_for_a_call_to_end(&at_limit, &stop).await;
                 continue;
             }
-            let Claimed { jobs, stopped_at } = match self.claim_in_order(permits.len()).await {
+            let Claimed { jobs, stopped_at, .. } = match self.claim_in_order(permits.len()).await {
                 Ok(claimed) => claimed,
                 Err(e) => {
                     tracing::warn!(group = %self.policy.name, error = %e, "claim failed");

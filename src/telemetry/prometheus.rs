@@ -59,6 +59,7 @@ pub fn register_event_counters(state: &crate::state::AppState) {
         }
     }
     metrics::counter!("cifpool_queue_lease_lost_total").absolute(0);
+    metrics::counter!("cifpool_queue_unreadable_total").absolute(0);
     metrics::counter!("cifpool_queue_rescued_total").absolute(0);
     metrics::counter!("cifpool_queue_batches_refused_total").absolute(0);
 }
@@ -141,6 +142,18 @@ fn describe() {
     describe_counter!(
         "cifpool_queue_lease_lost_total",
         "Jobs whose lease this instance lost before finishing (another worker owns them)."
+    );
+    describe_counter!(
+        "cifpool_queue_unreadable_total",
+        "Claimed jobs whose stored row could not be read, moved to the dead letters."
+    );
+    describe_counter!(
+        "cifpool_auth_key_lookups_total",
+        "API key look-ups in the database (cache misses), by whether the secret named a key."
+    );
+    describe_counter!(
+        "cifpool_task_restarts_total",
+        "Background loops started again after a panic, by task (e.g. a worker group's claim loop)."
     );
     describe_counter!(
         "cifpool_queue_rescued_total",

@@ -53,7 +53,7 @@ pub async fn submit(
     let parser = {
         let (rt, caller, runtime) = (rt.clone(), caller.clone(), tokio::runtime::Handle::current());
         tokio::task::spawn_blocking(move || {
-            let reader = body::BodyReader::new(body, runtime);
+            let reader = body::BodyReader::new(body, runtime, rt.settings.batch_min_bytes_per_second);
             parse::run(reader, &rt, rules::Rules::new(&rt, &caller), rows::Rows::new(chunks))
         })
     };
@@ -68,8 +68,12 @@ pub async fn submit(
     };
     let total = parsed.jobs;
     let mut delay = std::time::Duration::ZERO;
-    for class in parsed.verdict.per_class.keys() {
-        delay = delay.max(delay_or_shed(rt, stats, class, total)?);
+    // Every tenant of the batch is judged with every class it holds, as if all its jobs were that
+    // tenant's: a batch is admitted as a whole.
+    for (class, jobs) in &parsed.verdict.per_class {
+        for tenant in &parsed.verdict.tenants {
+            delay = delay.max(delay_or_shed(rt, stats, class, tenant, *jobs)?);
+        }
     }
     let stored = insert::insert(&mut tx, rt, &parsed, delay, &caller.name, traceparent).await?;
     tx.commit().await?;

@@ -3,16 +3,19 @@
 //! the staging rows ([`super::rows`]) as soon as it is parsed. Nothing but the current job and the
 //! chunk being filled is held.
 
+use std::cell::Cell;
 use std::fmt;
 use std::io::{BufReader, Read};
+use std::rc::Rc;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use crate::queue::batch::body::{BodyFailure, body_failure};
+use crate::queue::batch::body::{BodyFailure, JobBound, body_failure};
 use crate::queue::batch::rows::{Group, Rows};
 use crate::queue::batch::rules::{Rules, Verdict};
 use crate::queue::intake::{BatchJob, SubmitError};
 use crate::queue::runtime::QueueRuntime;
+use crate::validate;
 
 /// Buffer between the body frames and the JSON reader (serde_json reads a byte at a time and the
 /// standard library serves that fastest from a `BufReader`).
@@ -49,13 +52,21 @@ struct Intake<'a> {
     /// Inside `jobs`: a data error then belongs to job `jobs`.
     in_jobs: bool,
     stop: Option<Stop>,
+    /// Bytes read since the current job began (`None` outside `jobs`): see [`JobBound`].
+    since_job: Rc<Cell<Option<usize>>>,
 }
+
+/// The longest a valid job's JSON can be: its payload's limit and room for the other fields.
+const MAX_JOB_TEXT: usize = validate::MAX_PAYLOAD_BYTES + 4 * 1024;
 
 /// Reads and checks the whole request from `body`, sending staging rows to `rows` as it goes. The first
 /// bad job refuses the batch, but the body is still read to its end: a malformed body is a 400 wherever
 /// the fault is, and defaults may follow the jobs.
 pub fn run(body: impl Read, rt: &QueueRuntime, rules: Rules<'_>, rows: Rows) -> Result<Parsed, SubmitError> {
-    let mut intake = Intake { rt, rules, rows, jobs: 0, in_jobs: false, stop: None };
+    let since_job = Rc::new(Cell::new(None));
+    // The reader runs up to a buffer ahead of the job being parsed, so the bound allows for it.
+    let body = JobBound::new(body, since_job.clone(), MAX_JOB_TEXT + READ_BUFFER);
+    let mut intake = Intake { rt, rules, rows, jobs: 0, in_jobs: false, stop: None, since_job };
     let mut json = serde_json::Deserializer::from_reader(BufReader::with_capacity(READ_BUFFER, body));
     let read = (&mut intake).deserialize(&mut json).and_then(|()| json.end());
     let max = rt.settings.max_batch;
@@ -84,6 +95,12 @@ fn refusal(e: serde_json::Error, job: Option<usize>) -> SubmitError {
             let io = std::io::Error::from(e);
             match body_failure(&io) {
                 Some(BodyFailure::TooLarge) => SubmitError::BodyTooLarge,
+                Some(failure @ BodyFailure::TooSlow(_)) => SubmitError::TooSlow(failure.to_string()),
+                Some(BodyFailure::JobTooLong(limit)) => SubmitError::Invalid(format!(
+                    "jobs[{}]: longer than {limit} bytes of JSON (a payload may have at most {} bytes)",
+                    job.unwrap_or_default(),
+                    validate::MAX_PAYLOAD_BYTES
+                )),
                 Some(failure) => SubmitError::Malformed(failure.to_string()),
                 None => SubmitError::Malformed(format!("the request body could not be read: {io}")),
             }
@@ -164,12 +181,15 @@ impl<'de> Visitor<'de> for Jobs<'_, '_> {
         intake.in_jobs = true;
         // Every job is parsed whole, even after a bad one: a later job of the wrong shape is still the
         // 422 it would have been when the body was parsed before any check.
-        while let Some(job) = seq.next_element::<BatchJob>()? {
+        loop {
+            intake.since_job.set(Some(0));
+            let Some(job) = seq.next_element::<BatchJob>()? else { break };
             if let Err(stop) = intake.take(job) {
                 intake.stop = Some(stop);
                 return Err(de::Error::custom("stopped"));
             }
         }
+        intake.since_job.set(None);
         intake.in_jobs = false;
         Ok(())
     }

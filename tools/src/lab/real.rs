@@ -223,6 +223,7 @@ fn lab_queue(opts: &LabOptions, strategy: Strategy, sms_url: &str, push_url: &st
         max_batch: usize::MAX,
         batch_body_limit_bytes: usize::MAX,
         max_concurrent_batches: 4,
+        batch_min_bytes_per_second: 0,
         batch_timeout: Duration::from_secs(600),
         retention: Duration::from_secs(86_400),
         dead_letter_retention: None,
