@@ -35,12 +35,15 @@ impl Actor {
 /// The actor name of the service's own work.
 pub const SYSTEM: &str = "system";
 
+/// The actor name of a refused attempt whose credential named nobody (a failed console sign-in).
+pub const ANONYMOUS: &str = "anonymous";
+
 /// Whether `name` is (or could be read as) an actor the service writes itself: `system`, `bootstrap`
 /// (the admin token) or `cli:…` (an operator at the command line), in any letter case. No API key may
 /// take such a name, or the audit trail could not tell its actions from the service's.
 pub fn is_reserved_actor(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
-    lower == SYSTEM || lower == crate::auth::authenticator::BOOTSTRAP || lower.starts_with("cli:")
+    lower == SYSTEM || lower == ANONYMOUS || lower == crate::auth::authenticator::BOOTSTRAP || lower.starts_with("cli:")
 }
 
 /// What the audited actions are called.
@@ -81,6 +84,9 @@ pub mod action {
     pub const CONSOLE_SIGNED_IN: &str = "console.signed_in";
     /// An admin signed out of the operations console.
     pub const CONSOLE_SIGNED_OUT: &str = "console.signed_out";
+    /// A console sign-in was refused (detail: the client's address and why); the actor is
+    /// `anonymous` for an unknown key, else the key that lacked the admin scope.
+    pub const CONSOLE_SIGN_IN_REFUSED: &str = "console.sign_in_refused";
 }
 
 /// The statement `statement` (whose `RETURNING` rows are the CTE `done`) followed, in the same

@@ -29,6 +29,8 @@ pub struct AppState {
     pub queue_stats: Arc<QueueStats>,
     /// Checks API keys (and the bootstrap admin token) for every `/v1` and `/admin` request.
     pub auth: Arc<Authenticator>,
+    /// Request rate per key and failed authentications per client address, on this pod.
+    pub limits: Arc<crate::http::limits::CallerLimits>,
     /// Maintenance runs (refills, reclaims, sweeps) started by requests and schedules: shutdown waits
     /// for them before it closes the database, so none dies half-way on a closed pool.
     pub upkeep: TaskTracker,
@@ -44,9 +46,11 @@ impl AppState {
     /// Like [`AppState::new`] with a given queue runtime (tests and the lab supply their providers).
     pub fn with_queue(db: PgPool, settings: Settings, pools: Pools, queue: Arc<QueueRuntime>) -> AppState {
         let auth = Arc::new(Authenticator::new(db.clone(), settings.security.admin_token.clone()));
+        let limits = Arc::new(crate::http::limits::CallerLimits::new(&settings.security));
         AppState {
             db,
             auth,
+            limits,
             settings: Arc::new(settings),
             metrics: crate::telemetry::metrics_handle(),
             pools: Arc::new(pools),

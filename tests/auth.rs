@@ -68,7 +68,11 @@ fn request(client: &reqwest::Client, app: &TestApp, method: &str, path: &str) ->
 #[tokio::test]
 async fn every_protected_operation_checks_key_revocation_and_scope() {
     let db = fresh_database().await;
-    let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
+    let mut settings = test_settings_with_pools(&db.url);
+    // Three refused credentials per route, all from this one address: far past the failed-attempt
+    // budget, which is not what this test is about (see the limits test below).
+    settings.security.failed_auth_per_minute = 0;
+    let app = spawn_passive_app(settings).await;
     let anonymous = reqwest::Client::new();
     let unknown = client_with_key(&format!("{}{}", api_key::PREFIX, "0".repeat(64)));
     let all: Vec<String> = Scope::ALL.iter().map(|s| s.as_str().to_string()).collect();
@@ -163,6 +167,42 @@ async fn a_tenant_bound_key_acts_only_for_its_tenants() {
     let two = client_with_key(&create_key(&app.state.db, &[Scope::NotifySend], Some(&["bank", "shop"])).await);
     assert_problem(two.post(app.url("/v1/notifications")).json(&one(None)).send().await.unwrap(), 422).await;
     assert_eq!(two.post(app.url("/v1/notifications")).json(&one(Some("shop"))).send().await.unwrap().status(), 202);
+}
+
+/// One key over its request rate gets 429 with `Retry-After` while another key is served; an address
+/// that keeps presenting unknown keys gets 429 before any look-up, even with a good key.
+#[tokio::test]
+async fn a_busy_key_and_a_guessing_address_are_limited_without_touching_others() {
+    let db = fresh_database().await;
+    let mut settings = test_settings_with_pools(&db.url);
+    settings.security.requests_per_second_per_key = 3;
+    settings.security.failed_auth_per_minute = 5;
+    let app = spawn_passive_app(settings).await;
+    let busy = client_with_key(&create_key(&db.pool, &[Scope::CifRead], None).await);
+    let calm = client_with_key(&create_key(&db.pool, &[Scope::CifRead], None).await);
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let r = busy.get(app.url("/v1/pools")).send().await.unwrap();
+        if r.status() == 429 {
+            assert!(r.headers().get("retry-after").is_some());
+            let problem = assert_problem(r, 429).await;
+            assert!(problem["detail"].as_str().unwrap().contains("requests_per_second_per_key"), "{problem}");
+            statuses.push(429);
+        } else {
+            statuses.push(r.status().as_u16());
+        }
+    }
+    assert!(statuses.contains(&429) && statuses[0] == 200, "{statuses:?}");
+    assert_eq!(calm.get(app.url("/v1/pools")).send().await.unwrap().status(), 200, "another key is served");
+
+    for i in 0..6 {
+        let guess = client_with_key(&format!("cfp_{i:064x}"));
+        let status = guess.get(app.url("/v1/pools")).send().await.unwrap().status().as_u16();
+        assert_eq!(status, 401, "guess {i}: within the budget, and the one that uses it up");
+    }
+    let r = calm.get(app.url("/v1/pools")).send().await.unwrap();
+    let problem = assert_problem(r, 429).await;
+    assert!(problem["detail"].as_str().unwrap().contains("failed authentications"), "{problem}");
 }
 
 /// A flood of made-up secrets fills only the cache of secrets that name no key: a real key stays

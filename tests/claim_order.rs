@@ -46,9 +46,8 @@ fn policy(order: ClaimOrder, classes: &[ClaimClass]) -> GroupPolicy {
     GroupPolicy { name: "g".into(), size: 1, classes: classes.iter().map(|c| c.name.clone()).collect(), order }
 }
 
-/// Inserts the jobs, then claims them one at a time with the real claim statement of a group with
-/// `order`; returns the ids in claim order and in the order `GroupPolicy::compare` gives.
-async fn both_orders(db: &PgPool, order: ClaimOrder, capped: bool, jobs: &[(i16, f64)]) -> (Vec<i64>, Vec<i64>) {
+/// Empties the queue and inserts `jobs` (priority, fair key) as jobs of class `c<priority>`.
+async fn insert_jobs(db: &PgPool, jobs: &[(i16, f64)]) -> Vec<JobKey> {
     sqlx::query("TRUNCATE notification_jobs").execute(db).await.unwrap();
     let mut keys = Vec::new();
     for &(priority, fair_key) in jobs {
@@ -63,6 +62,13 @@ async fn both_orders(db: &PgPool, order: ClaimOrder, capped: bool, jobs: &[(i16,
         .unwrap();
         keys.push(JobKey { id, priority, fair_key });
     }
+    keys
+}
+
+/// Inserts the jobs, then claims them one at a time with the real claim statement of a group with
+/// `order`; returns the ids in claim order and in the order `GroupPolicy::compare` gives.
+async fn both_orders(db: &PgPool, order: ClaimOrder, capped: bool, jobs: &[(i16, f64)]) -> (Vec<i64>, Vec<i64>) {
+    let mut keys = insert_jobs(db, jobs).await;
     let classes: Vec<ClaimClass> = (0..4).map(|p| class(p, "p", i32::MAX, capped)).collect();
     let policy = policy(order, &classes);
     let sql = store::claim_sql(&policy, capped);
@@ -107,20 +113,7 @@ async fn room_gate(
     jobs: &[(i16, f64)],
     free: (i32, i32),
 ) -> ((Vec<i64>, Option<String>), (Vec<i64>, Option<String>)) {
-    sqlx::query("TRUNCATE notification_jobs").execute(db).await.unwrap();
-    let mut keys = Vec::new();
-    for &(priority, fair_key) in jobs {
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts) \
-             VALUES ('c' || $1, $1, 't', $2, 'r', 'null', 1) RETURNING id",
-        )
-        .bind(priority)
-        .bind(fair_key)
-        .fetch_one(db)
-        .await
-        .unwrap();
-        keys.push(JobKey { id, priority, fair_key });
-    }
+    let mut keys = insert_jobs(db, jobs).await;
     let classes: Vec<ClaimClass> =
         (0..4).map(|p| if p < 2 { class(p, "a", free.0, capped) } else { class(p, "b", free.1, capped) }).collect();
     let policy = policy(order, &classes);

@@ -8,7 +8,7 @@ use cifpool::auth::Scope;
 use cifpool::queue::fake_provider::FakeBehaviour;
 use cifpool::queue::policy::Strategy;
 use cifpool::queue::worker::Outcome;
-use common::queue_env::{Env, drain, env};
+use common::queue_env::{Env, drain, env, env_with};
 use common::{TEST_ADMIN_TOKEN, create_key};
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, LOCATION, SET_COOKIE};
@@ -154,6 +154,33 @@ async fn a_wrong_key_or_one_without_admin_gets_the_form_again_and_no_session() {
     let sessions: i64 =
         sqlx::query_scalar("SELECT count(*) FROM console_sessions").fetch_one(&e.db.pool).await.unwrap();
     assert_eq!(sessions, 0);
+    // Each refusal is audited with the client's address: an unknown key as `anonymous`, a key
+    // without the admin scope by its name.
+    let refused = audit_rows(&e, "console.sign_in_refused").await;
+    let reserver_name = key_name(&e, &reserver).await;
+    let client = |detail: &Option<serde_json::Value>| detail.as_ref().unwrap()["client"].clone();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert_eq!((refused[0].0.as_str(), client(&refused[0].1)), ("anonymous", serde_json::json!("127.0.0.1")));
+    assert_eq!(
+        (refused[1].0.as_str(), client(&refused[1].1)),
+        (reserver_name.as_str(), serde_json::json!("127.0.0.1"))
+    );
+}
+
+/// Wrong keys from one address use up its failed attempts: then even the right key from there gets
+/// 429 (no look-up) until the budget has room again; the refusals are audited.
+#[tokio::test]
+async fn repeated_wrong_sign_ins_are_throttled_per_address() {
+    let e = env_with(|s| s.security.failed_auth_per_minute = 3).await;
+    let mut browser = Browser::new(&e);
+    for i in 0..4 {
+        let page = browser.sign_in(&format!("cfp_{i:064x}")).await;
+        assert_eq!(page.status, StatusCode::UNAUTHORIZED, "attempt {i}");
+    }
+    let page = browser.sign_in(&e.app.key).await;
+    assert_eq!(page.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(page.body.contains("Too many failed sign-ins"), "{}", page.body);
+    assert_eq!(audit_rows(&e, "console.sign_in_refused").await.len(), 4);
 }
 
 #[tokio::test]

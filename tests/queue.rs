@@ -534,6 +534,11 @@ async fn bad_input_is_422_or_413_problem_json_and_writes_nothing() {
     assert_eq!(e.count("SELECT count(*) FROM notification_jobs").await, 0);
 }
 
+/// Posts `body` as it is (JSON that `serde_json` would not write, such as `1e400`) to `path`.
+async fn post_json(e: &Env, path: &str, body: String) -> reqwest::Response {
+    e.app.client.post(e.app.url(path)).header("content-type", "application/json").body(body).send().await.unwrap()
+}
+
 /// Payloads Postgres would keep but the workers could not read back (or that `jsonb` refuses) are a
 /// 422 naming the field, and in a batch the job: never a 500, never stored.
 #[tokio::test]
@@ -549,15 +554,7 @@ async fn payloads_that_would_not_round_trip_are_refused_alone_and_in_a_batch() {
     for (payload, why) in hostile {
         let single =
             format!(r#"{{"class": "otp", "tenant": "evil", "recipient": "+84900000001", "payload": {payload}}}"#);
-        let r = e
-            .app
-            .client
-            .post(e.app.url("/v1/notifications"))
-            .header("content-type", "application/json")
-            .body(single)
-            .send()
-            .await
-            .unwrap();
+        let r = post_json(&e, "/v1/notifications", single).await;
         // The 70 KB one is over the single request's body limit before its payload is read.
         if why == "bytes" {
             assert_problem(r, 413).await;
@@ -569,15 +566,7 @@ async fn payloads_that_would_not_round_trip_are_refused_alone_and_in_a_batch() {
         let batch = format!(
             r#"{{"class": "promo", "tenant": "evil", "jobs": [{{"recipient": "a"}}, {{"recipient": "b", "payload": {payload}}}]}}"#
         );
-        let r = e
-            .app
-            .client
-            .post(e.app.url("/v1/notifications/batch"))
-            .header("content-type", "application/json")
-            .body(batch)
-            .send()
-            .await
-            .unwrap();
+        let r = post_json(&e, "/v1/notifications/batch", batch).await;
         let p = assert_problem(r, 422).await;
         let detail = p["detail"].as_str().unwrap();
         assert!(detail.contains("jobs[1]") && detail.contains(why), "{payload:.40}: {p}");
@@ -587,15 +576,7 @@ async fn payloads_that_would_not_round_trip_are_refused_alone_and_in_a_batch() {
         r#"{{"class": "promo", "tenant": "evil", "jobs": [{{"recipient": "a", "payload": "{}"}}]}}"#,
         "x".repeat(8 << 20)
     );
-    let r = e
-        .app
-        .client
-        .post(e.app.url("/v1/notifications/batch"))
-        .header("content-type", "application/json")
-        .body(huge)
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&e, "/v1/notifications/batch", huge).await;
     let p = assert_problem(r, 422).await;
     assert!(p["detail"].as_str().unwrap().contains("jobs[0]: longer than"), "{p}");
     assert_eq!(e.count("SELECT count(*) FROM notification_jobs").await, 0);

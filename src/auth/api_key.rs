@@ -122,7 +122,7 @@ impl NewKey {
         }
         if crate::audit::is_reserved_actor(&self.name) {
             return Err(KeyError::Invalid(format!(
-                "name {:?} is reserved: the audit trail uses system, bootstrap and cli:… for the service itself",
+                "name {:?} is reserved: the audit trail uses system, anonymous, bootstrap and cli:… itself",
                 self.name
             )));
         }

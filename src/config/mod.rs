@@ -181,7 +181,7 @@ pub struct TelemetrySettings {
 }
 
 /// `[security]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SecuritySettings {
     /// Bearer token for `/admin`; admin endpoints answer 401 to everyone while it is unset.
@@ -190,6 +190,27 @@ pub struct SecuritySettings {
     /// File holding the hex master key.
     #[serde(default)]
     pub master_key_file: Option<PathBuf>,
+    /// Requests per second one API key may make to one pod (a burst of as many); more get 429 with
+    /// `Retry-After`. 0: no limit.
+    #[serde(default = "default_requests_per_second_per_key")]
+    pub requests_per_second_per_key: u32,
+    /// Failed authentications (an unknown or revoked key, a refused console sign-in) one client
+    /// address may make per minute on one pod (a burst of as many); past that the address gets 429
+    /// before its credential is looked up. 0: no limit.
+    #[serde(default = "default_failed_auth_per_minute")]
+    pub failed_auth_per_minute: u32,
+    /// Proxies (addresses or CIDR blocks) whose `X-Forwarded-For` names the client; empty: the
+    /// socket's peer is the client.
+    #[serde(default)]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+}
+
+fn default_requests_per_second_per_key() -> u32 {
+    5_000
+}
+
+fn default_failed_auth_per_minute() -> u32 {
+    30
 }
 
 pub(crate) fn redact<S: Serializer>(value: &Option<SecretString>, s: S) -> Result<S::Ok, S::Error> {

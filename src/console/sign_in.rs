@@ -2,7 +2,7 @@
 //! cookie; the key is not kept anywhere) and signing out. Both leave an audit row.
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
@@ -12,6 +12,7 @@ use crate::auth::Scope;
 use crate::auth::authenticator::{AuthError, BOOTSTRAP};
 use crate::console::extract::{Action, ConsoleError, Operator, parse_form, render, same_origin};
 use crate::console::session::{self, Credential};
+use crate::http::limits::ClientAddr;
 use crate::state::AppState;
 
 /// The sign-in page (or, with a live session already, the Pools page).
@@ -36,20 +37,50 @@ struct SignInForm {
 }
 
 /// Checks the key, opens a session and sets its cookie. A wrong key or one without `admin` gets the
-/// form again (401 / 403); neither says whether such a key exists.
-pub async fn sign_in(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ConsoleError> {
+/// form again (401 / 403); neither says whether such a key exists. Every refusal is audited with the
+/// client's address, and a wrong key counts against that address's failed attempts: once they are
+/// used up the address gets 429 without its key being looked up.
+pub async fn sign_in(
+    State(state): State<AppState>,
+    client: Option<Extension<ClientAddr>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
     same_origin(&headers)?;
+    let client = client.map_or(ClientAddr(None), |Extension(c)| c);
+    let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string);
+    if state.limits.check_address(client.0).is_err() {
+        tracing::warn!(%client, "console sign-in refused: too many failed attempts from this address");
+        let problem = "Too many failed sign-ins from this address. Wait a minute and try again.";
+        return Ok(sign_in_page(StatusCode::TOO_MANY_REQUESTS, Some(problem)));
+    }
     let form: SignInForm = parse_form(&body)?;
+    let refused = |actor: &str, why: &'static str| {
+        let actor = Actor { name: actor.to_string(), request_id: request_id.clone() };
+        let detail = serde_json::json!({ "client": client.to_string(), "reason": why });
+        let (db, event) = (
+            state.db.clone(),
+            Event { action: audit::action::CONSOLE_SIGN_IN_REFUSED, detail: Some(detail), ..Event::default() },
+        );
+        async move {
+            let mut tx = db.begin().await?;
+            audit::record(&mut tx, &actor, &event).await?;
+            tx.commit().await
+        }
+    };
     let caller = match state.auth.authenticate(Some(form.key.trim())).await {
         Ok(caller) => caller,
         Err(AuthError::Unauthenticated) => {
-            tracing::warn!("console sign-in refused: unknown or revoked key");
+            tracing::warn!(%client, "console sign-in refused: unknown or revoked key");
+            state.limits.note_failure(client.0);
+            refused(audit::ANONYMOUS, "unknown or revoked key").await?;
             return Ok(sign_in_page(StatusCode::UNAUTHORIZED, Some("That key is not accepted.")));
         }
         Err(AuthError::Database(e)) => return Err(e.into()),
     };
     if !caller.has(Scope::Admin) {
-        tracing::warn!(key = %caller.name, "console sign-in refused: the key lacks the admin scope");
+        tracing::warn!(key = %caller.name, %client, "console sign-in refused: the key lacks the admin scope");
+        refused(&caller.name, "the key lacks the admin scope").await?;
         return Ok(sign_in_page(StatusCode::FORBIDDEN, Some("The console needs a key with the admin scope.")));
     }
     let credential = if &*caller.name == BOOTSTRAP {
@@ -59,7 +90,6 @@ pub async fn sign_in(State(state): State<AppState>, headers: HeaderMap, body: By
     } else {
         Credential::Key(caller.name.to_string())
     };
-    let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string);
     let actor = Actor { name: credential.actor_name().to_string(), request_id };
     let console = &state.settings.console;
     let mut tx = state.db.begin().await?;

@@ -1,7 +1,8 @@
 //! Authentication and authorization of a request: [`Authorized<S>`] is the extractor every `/v1` and
 //! `/admin` handler takes first, and `S` names the one scope the route needs. It answers 401 (with
 //! `WWW-Authenticate: Bearer`) for a missing, unknown or revoked key, and 403 naming the missing scope,
-//! before the body is read.
+//! before the body is read; 429 for a client address out of failed attempts (before any look-up) and
+//! for a key over its request rate (see [`crate::http::limits`]).
 
 use std::marker::PhantomData;
 
@@ -13,6 +14,7 @@ use crate::audit::Actor;
 use crate::auth::authenticator::AuthError;
 use crate::auth::{Caller, Scope};
 use crate::http::error::ApiError;
+use crate::http::limits::ClientAddr;
 use crate::state::AppState;
 
 /// A route's required scope, as a type (so each handler's signature says what it needs).
@@ -60,10 +62,35 @@ impl<S: Needs> FromRequestParts<AppState> for Authorized<S> {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
             .map(str::trim);
+        let client = parts.extensions.get::<ClientAddr>().and_then(|c| c.0);
+        if let Err(wait) = state.limits.check_address(client) {
+            return Err(ApiError::TooManyRequests {
+                detail: "too many failed authentications from this address (security.failed_auth_per_minute); \
+                         retry after the Retry-After delay"
+                    .into(),
+                retry_after_secs: wait.as_secs().max(1),
+            });
+        }
+        let presented = secret.is_some_and(|s| !s.is_empty());
         let caller = state.auth.authenticate(secret).await.map_err(|e| match e {
-            AuthError::Unauthenticated => ApiError::Unauthorized,
+            AuthError::Unauthenticated => {
+                // Only a credential that was presented and refused is a guess; a request without one
+                // costs no look-up and proves nothing.
+                if presented {
+                    state.limits.note_failure(client);
+                }
+                ApiError::Unauthorized
+            }
             AuthError::Database(e) => ApiError::Database(e),
         })?;
+        if let Err(wait) = state.limits.check_key(&caller.name) {
+            return Err(ApiError::TooManyRequests {
+                detail: "this API key is over its request rate on this instance \
+                         (security.requests_per_second_per_key); retry after the Retry-After delay"
+                    .into(),
+                retry_after_secs: wait.as_secs().max(1),
+            });
+        }
         if let Some(slot) = parts.extensions.get::<crate::http::observe::CallerName>() {
             slot.set(caller.name.clone());
         }

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod cif;
 pub mod error;
 pub mod health;
+pub mod limits;
 pub mod notifications;
 pub mod observe;
 
@@ -33,7 +34,7 @@ pub fn app(state: AppState) -> Router {
         // The access line is observe::record's, at info; tower-http's own events stay off.
         .layer(TraceLayer::new_for_http().make_span_with(observe::request_span).on_response(()).on_failure(()))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(middleware::from_fn(observe::record))
+        .layer(middleware::from_fn_with_state(state.clone(), observe::record))
         .layer(middleware::map_response(error::problem_for_plain_errors));
     let ordinary = Router::new()
         .merge(health::router())
@@ -65,5 +66,7 @@ pub async fn serve(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    // Peer addresses, for the access log and the per-address limits.
+    let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, service).with_graceful_shutdown(shutdown).await
 }

@@ -1,14 +1,18 @@
 //! What each request leaves behind: a request id (the client's if it is short and printable, else a
 //! new one), a span continuing the caller's W3C `traceparent`, the request metrics by route template,
-//! and one access-log line at `info`.
+//! and one access-log line at `info` naming the client's address.
 
+use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use axum::extract::{MatchedPath, Request};
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::Response;
+
+use crate::http::limits::{ClientAddr, client_address};
+use crate::state::AppState;
 
 /// Longest client-supplied `x-request-id` kept; longer ones are replaced.
 pub const MAX_REQUEST_ID_LEN: usize = 64;
@@ -59,8 +63,12 @@ pub fn request_span(req: &Request) -> tracing::Span {
 }
 
 /// Counts and times the request by route template (raw paths would explode cardinality) and writes
-/// the access-log line: method, route, status, latency, request id and the caller's key name.
-pub async fn record(mut req: Request, next: Next) -> Response {
+/// the access-log line: method, route, status, latency, request id, the client's address and the
+/// caller's key name. Puts the client's address ([`ClientAddr`]) in the request for the handlers.
+pub async fn record(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>();
+    let client = ClientAddr(client_address(peer, req.headers(), &state.settings.security.trusted_proxies));
+    req.extensions_mut().insert(client);
     let route =
         req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_owned());
     let method = req.method().clone();
@@ -85,6 +93,7 @@ pub async fn record(mut req: Request, next: Next) -> Response {
         status,
         latency_ms = (elapsed.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0,
         request_id = %request_id,
+        client = %client,
         key,
         "{method} {route} {status}"
     );

@@ -148,6 +148,10 @@ fn describe() {
         "Claimed jobs whose stored row could not be read, moved to the dead letters."
     );
     describe_counter!(
+        "cifpool_http_refused_total",
+        "Requests refused with 429 by a per-caller limit (limit = key_rate or failed_auth)."
+    );
+    describe_counter!(
         "cifpool_auth_key_lookups_total",
         "API key look-ups in the database (cache misses), by whether the secret named a key."
     );
