@@ -884,3 +884,66 @@ async fn purge_deletes_only_finished_jobs_past_retention_in_every_class_and_keep
     // Only their own retention removes them.
     assert_eq!(purge(store::Purge::DeadLetters).await.unwrap(), 6);
 }
+
+/// The whole service with its worker loops running: one tenant's rows that no worker can read
+/// (payloads an older intake let through, written straight into the table) stand at the head of the
+/// queue, ahead of another tenant's OTPs. Every OTP is still sent within its 15 s deadline, each poison
+/// row goes to the dead letters with the reason, nothing panics, and the instance stays ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_rows_do_not_stop_another_tenants_otps_with_the_workers_running() {
+    let db = fresh_database().await;
+    let sms = fake_server(FakeBehaviour::default()).await;
+    let push = fake_server(FakeBehaviour::default()).await;
+    let mut settings = test_settings_with_pools(&db.url);
+    use_fake_providers(&mut settings, &sms, &push);
+    settings.queue.poll_interval = Duration::from_millis(50);
+    for payload in [r#"{"n": 1e400}"#, r#"[-1e999]"#, r#"{"a": {"b": 1e400}}"#] {
+        for class in ["otp", "promo"] {
+            sqlx::query(
+                "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts) \
+                 VALUES ($1, CASE $1 WHEN 'otp' THEN 0 ELSE 2 END, 'evil', 0, 'x', $2::jsonb, 3)",
+            )
+            .bind(class)
+            .bind(payload)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        }
+    }
+    let app = common::spawn_app_with(settings).await;
+    let started = Instant::now();
+    let mut otps = Vec::new();
+    for i in 0..40 {
+        let body =
+            json!({ "class": "otp", "tenant": "good", "recipient": format!("+8490{i:07}"), "payload": {"code": "1"} });
+        let r = app.client.post(app.url("/v1/notifications")).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 202);
+        otps.push(r.json::<Value>().await.unwrap()["id"].as_i64().unwrap());
+    }
+    let count = |sql: &'static str| {
+        let pool = db.pool.clone();
+        async move { sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.unwrap() }
+    };
+    while count("SELECT count(*) FROM notification_jobs WHERE tenant = 'good' AND status = 'sent'").await < 40 {
+        assert!(started.elapsed() < Duration::from_secs(15), "OTPs still unsent after their deadline");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let late: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM notification_jobs WHERE tenant = 'good' AND finished_at - created_at > interval '15 s'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(late, 0, "every OTP within its deadline");
+    while count("SELECT count(*) FROM notification_jobs WHERE tenant = 'evil' AND status = 'dead'").await < 6 {
+        assert!(started.elapsed() < Duration::from_secs(30), "poison rows not dead-lettered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        count("SELECT count(*) FROM notification_jobs WHERE tenant = 'evil' AND last_error LIKE '%cannot be read%'")
+            .await,
+        6
+    );
+    assert_eq!(app.client.get(app.url("/readyz")).send().await.unwrap().status(), 200, "still ready");
+    assert_eq!(sms.fake.report().delivered, 40);
+}

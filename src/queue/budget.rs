@@ -347,7 +347,7 @@ impl ProviderBudget {
     /// this pod could use: its workers that may send through this provider.
     pub async fn sync(&self, db: &PgPool, member: Uuid, lease: Duration, potential: u32) -> Result<(), sqlx::Error> {
         let started = Instant::now();
-        let (successes, overloads, stalled, want, in_flight, lapsed) = {
+        let (successes, overloads, stalled, want, lapsed) = {
             let mut s = self.state.lock().expect("budget lock");
             // The share ran out before this sync: the pod could not reach the database for a while.
             let lapsed = s.valid_until.is_some_and(|v| started >= v);
@@ -358,13 +358,13 @@ impl ProviderBudget {
                 // Idle: shrink towards what is in use, keeping one unit for the next message.
                 s.in_flight.max(s.cap / 2).max(1).min(potential)
             };
-            let taken = (s.successes, s.overloads, s.stalled, want, s.in_flight, lapsed);
+            let taken = (s.successes, s.overloads, s.stalled, want, lapsed);
             s.successes = 0;
             s.overloads = 0;
             s.starved = false;
             taken
         };
-        match self.sync_tx(db, member, lease, (successes, overloads, stalled), want, in_flight).await {
+        match self.sync_tx(db, member, lease, (successes, overloads, stalled), want).await {
             Ok(grant) => {
                 let mut s = self.state.lock().expect("budget lock");
                 s.cap = grant.allowed;
@@ -404,7 +404,6 @@ impl ProviderBudget {
         lease: Duration,
         (successes, overloads, stalled): (u64, u64, bool),
         want: u32,
-        in_flight: u32,
     ) -> Result<Grant, sqlx::Error> {
         let mut tx = db.begin().await?;
         // The AIMD step and the token refill, with the provider's row locked until commit: every pod's
@@ -456,7 +455,15 @@ impl ProviderBudget {
         let others_hold: u32 = others.iter().map(|(s, _)| (*s).max(0) as u32).sum();
         let ceiling = budget.saturating_sub(others_hold);
         let allowed = target.min(ceiling);
-        // Units still in flight stay recorded as ours until they end, so no other pod can take them.
+        // Shrink locally now, before the smaller share is recorded: sends that start while this
+        // transaction runs must stay within what it records, or another pod could be given units this
+        // pod is still starting sends on. (Growth waits for the commit, in `sync`.) Units still in
+        // flight stay recorded as ours until they end, so no other pod can take them.
+        let in_flight = {
+            let mut s = self.state.lock().expect("budget lock");
+            s.cap = s.cap.min(allowed);
+            s.in_flight
+        };
         let recorded = allowed.max(in_flight);
         let tokens = match (self.rate, bucket) {
             (Some(rate), Some(available)) if allowed > 0 => {
