@@ -158,8 +158,9 @@ impl WorkerGroup {
         Ok(self.claim_in_order(n).await?.jobs)
     }
 
-    /// Waits until one of `providers` changes (a call ended, a sync), or `stop`, or a poll interval.
-    async fn wait_for_a_call_to_end(&self, providers: &[&str], stop: &CancellationToken) {
+    /// Waits until one of `providers` may have room (a call ended, a sync), or `stop`, or a poll
+    /// interval: the claim found them full (at their limit, or a share still to grow).
+    async fn wait_for_room(&self, providers: &[&str], stop: &CancellationToken) {
         let mut waits = Vec::new();
         for &name in providers {
             if let Some(handle) = self.runtime.providers.get(name) {
@@ -168,30 +169,16 @@ impl WorkerGroup {
                 waits.push(changed);
             }
         }
-        if waits.is_empty() || !self.claimable_classes().0.is_empty() {
+        // Checked after the waits are registered, so a change in between is not missed.
+        let has_room = |name: &&str| {
+            self.runtime.providers.get(*name).is_some_and(|h| matches!(h.budget.room(), Room::Free(n) if n > 0))
+        };
+        if waits.is_empty() || providers.iter().any(has_room) {
             return;
         }
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = futures_util::future::select_all(waits) => {}
-            _ = tokio::time::sleep(self.runtime.settings.poll_interval) => {}
-        }
-    }
-
-    /// Waits until the provider of `class` may have room (a call ended, a sync), or `stop`, or a
-    /// poll interval.
-    async fn wait_for_room(&self, class: &str, stop: &CancellationToken) {
-        let Some(class) = self.runtime.classes.get(class) else { return };
-        let budget = &class.provider.budget;
-        let changed = budget.changed();
-        tokio::pin!(changed);
-        changed.as_mut().enable();
-        if !matches!(budget.room(), Room::Free(0)) {
-            return;
-        }
-        tokio::select! {
-            _ = stop.cancelled() => {}
-            _ = changed => {}
             _ = tokio::time::sleep(self.runtime.settings.poll_interval) => {}
         }
     }
@@ -389,7 +376,7 @@ impl WorkerGroup {
             let (classes, at_limit) = self.claimable_classes();
             if classes.is_empty() && !at_limit.is_empty() {
                 drop(permits);
-                self.wait_for_a_call_to_end(&at_limit, &stop).await;
+                self.wait_for_room(&at_limit, &stop).await;
                 continue;
             }
             let Claimed { jobs, stopped_at, .. } = match self.claim_in_order(permits.len()).await {
@@ -402,7 +389,9 @@ impl WorkerGroup {
             if let (true, Some(class)) = (jobs.is_empty(), stopped_at) {
                 // The head of the order waits for its provider: so do the workers.
                 drop(permits);
-                self.wait_for_room(&class, &stop).await;
+                if let Some(class) = self.runtime.classes.get(&class) {
+                    self.wait_for_room(&[class.provider.name.as_str()], &stop).await;
+                }
                 continue;
             }
             if jobs.is_empty() {
