@@ -1,7 +1,7 @@
 //! `cifpool bench reserve|refill` with tiny parameters on a test database: each writes its JSON with
 //! positive figures. (The figures themselves mean nothing here: debug-ish build, fsync off.)
 
-#[path = "../../tests/common/cluster.rs"]
+#[path = "../../tests/it/common/cluster.rs"]
 mod common;
 
 use cifpool_tools::bench::{BenchArgs, RawMode, Target, run_on};

@@ -11,7 +11,7 @@
 //! The cells run one after another in one test: they measure waits, and two at once would share the
 //! machine's cores.
 
-#[path = "../../tests/common/cluster.rs"]
+#[path = "../../tests/it/common/cluster.rs"]
 mod common;
 
 use cifpool::queue::policy::Strategy;

@@ -2,7 +2,7 @@
 //! revoked key, a key lacking its scope and a key holding only its scope; tenant-bound keys; key
 //! administration over HTTP; revocation seen by another instance; the development key.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,7 @@ fn needed_scope(method: &str, path: &str) -> Scope {
         ("POST", p) if p.starts_with("/v1/cif") || p.starts_with("/cif") => Scope::CifReserve,
         ("POST", p) if p.starts_with("/v1/notifications") => Scope::NotifySend,
         ("GET", "/v1/notifications/{id}" | "/v1/notifications/batches/{id}") => Scope::NotifyRead,
-        other => panic!("no scope rule for {other:?}: teach tests/auth.rs"),
+        other => panic!("no scope rule for {other:?}: teach tests/it/auth.rs"),
     }
 }
 

@@ -1,7 +1,7 @@
 //! Reservations that arrive together share one claim statement, and each still gets its own code,
 //! token, holder and audit row; idempotency keys keep their own transaction.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 

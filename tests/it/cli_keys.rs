@@ -1,6 +1,6 @@
 //! `cifpool keys create|list|revoke` and `cifpool audit` against a database, as ops run them.
 
-mod common;
+use crate::common;
 
 use common::{cifpool_cli as cifpool, json_lines as lines};
 

@@ -2,7 +2,7 @@
 //! level, request ids kept only when safe, traces exported over OTLP that continue the caller's
 //! `traceparent` and reach the provider call, and the build, readiness, process and pool metrics.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};

@@ -1,4 +1,4 @@
-//! Test harness shared by every integration test binary of the service: the database harness of
+//! Test harness shared by the service's integration tests (`tests/it`): the database harness of
 //! [`cluster`] plus running apps, problem assertions, fake providers and `cifpool serve` processes.
 #![allow(dead_code)]
 

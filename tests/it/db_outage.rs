@@ -1,9 +1,9 @@
 //! The database goes away for 10 s: requests fail fast with 503 problem+json, /readyz says so, and the
 //! service recovers on its own within 2 s of the database coming back.
 //!
-//! This binary runs its own Postgres (not the shared test cluster) because it stops and restarts it.
+//! This test runs its own Postgres (not the shared test cluster) because it stops and restarts it.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

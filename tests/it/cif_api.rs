@@ -1,6 +1,6 @@
 //! CIF pools end to end: real Postgres, real HTTP, refill and reclaim driven by the test.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 

@@ -127,7 +127,7 @@ fn scan_routes(source: &str, file: &str) -> Vec<Registration> {
     for unsupported in [".nest(", ".nest_service(", ".route_service("] {
         if let Some(offset) = text.find(unsupported) {
             panic!(
-                "{}: `{}` registers routes this test cannot follow; teach tests/openapi.rs about it",
+                "{}: `{}` registers routes this test cannot follow; teach tests/it/openapi.rs about it",
                 at(offset),
                 &unsupported[1..unsupported.len() - 1]
             );

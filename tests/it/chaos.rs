@@ -4,9 +4,9 @@
 //! one state, every accepted notification finished (sent, dead or expired) with at most one result,
 //! and the provider never saw a job more often than it was attempted.
 //!
-//! This binary runs its own Postgres because it restarts it.
+//! This test runs its own Postgres because it restarts it.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::process::{Child, Stdio};

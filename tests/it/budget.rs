@@ -2,7 +2,7 @@
 //! records what a gateway would see (calls in flight, arrival times), and the limits that must hold
 //! across every instance: provider concurrency, provider rate, `Retry-After`, tenant caps.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The audit trail: a row for every CIF transition and admin action, written with the change (none
 //! when the change does not happen), readable by CIF, actor and time, and impossible to rewrite.
 
-mod common;
+use crate::common;
 
 use cifpool::cif::refill::{RefillOptions, refill};
 use common::{TEST_ADMIN_TOKEN, TestApp, client_with_key, fresh_database, spawn_passive_app, test_settings_with_pools};

@@ -1,7 +1,7 @@
 //! SIGTERM: the process stops taking work, lets in-flight sends finish within the grace period or
 //! hands them back to the queue at its end, and exits 0.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};

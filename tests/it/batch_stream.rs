@@ -2,7 +2,7 @@
 //! enough to span several COPY chunks, a bad job or a broken body late in the stream (nothing left
 //! behind), idempotency keys across chunk boundaries, and defaults given after the jobs.
 
-mod common;
+use crate::common;
 
 use std::fmt::Write as _;
 use std::time::Duration;

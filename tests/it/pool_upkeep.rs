@@ -1,7 +1,7 @@
 //! Pool upkeep under stress: a refill cut short never leaves its lock behind, and an empty pool does not
 //! set off a refill per refused reservation.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

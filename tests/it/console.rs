@@ -2,7 +2,7 @@
 //! cookie, every page, every action with its audit row, and the refusals (no session, no or a wrong
 //! CSRF token, another origin, a revoked key).
 
-mod common;
+use crate::common;
 
 use cifpool::auth::Scope;
 use cifpool::queue::fake_provider::FakeBehaviour;

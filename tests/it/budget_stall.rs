@@ -2,9 +2,9 @@
 //! stopped with SIGSTOP, then SIGCONT): the provider's budget is never exceeded, nothing is lost, and
 //! after the stall the send rate rises over seconds instead of stepping back to the maximum.
 //!
-//! This binary runs its own Postgres (not the shared test cluster) because it freezes it.
+//! This test runs its own Postgres (not the shared test cluster) because it freezes it.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

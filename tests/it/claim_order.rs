@@ -2,7 +2,7 @@
 //! (Postgres' `ORDER BY`) and the simulator ([`GroupPolicy::compare`]) must order any set of jobs
 //! identically, ties, negative zero, infinities and NaN fair keys included.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! The HTTP skeleton against a real database: probes, metrics, problem+json everywhere.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

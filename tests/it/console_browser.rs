@@ -6,7 +6,7 @@
 //! Without them the test says so and passes, unless `CIFPOOL_REQUIRE_BROWSER=1` (set by `.ci/run`
 //! once it has installed them), when a missing browser fails it.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -2,7 +2,7 @@
 //! every pod, dead letters by id, observe mode and the queue view, against real Postgres and fake
 //! providers.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,7 +1,7 @@
 //! `cifpool queue pause|resume|pauses|cancel-batch` and `cifpool dlq retry|discard` against a database,
 //! as ops run them.
 
-mod common;
+use crate::common;
 
 use common::{cifpool_cli as cifpool, fresh_database, json_lines as lines};
 use serde_json::json;

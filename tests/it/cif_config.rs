@@ -1,6 +1,6 @@
 //! Pool configuration: validation and reconciliation with what the database already issued.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 

@@ -1,6 +1,6 @@
 //! The notification queue against real Postgres and fake HTTP providers, driven one step at a time.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
