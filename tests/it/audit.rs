@@ -150,7 +150,7 @@ async fn a_claim_that_rolls_back_leaves_no_row() {
     }
     let mut statuses = Vec::new();
     for t in tasks {
-        statuses.push(t.await.unwrap());
+        statuses.push(common::joined(t).await);
     }
     assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 1, "{statuses:?}");
     let reserved: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE action = 'cif.reserved'")

@@ -98,7 +98,9 @@ async fn every_protected_operation_checks_key_revocation_and_scope() {
         assert!(problem["detail"].as_str().unwrap().contains(scope.as_str()), "{what}: 403 names {scope}: {problem}");
         let holder = client_with_key(&create_key(&app.state.db, &[scope], None).await);
         let status = request(&holder, &app, &method, &path).send().await.unwrap().status().as_u16();
-        assert!(status != 401 && status != 403, "{what} with only {scope}: {status}");
+        // Authorised: the operation runs and answers for its own reasons (this test sends no valid
+        // body or id), never 401/403 and never a server error.
+        assert!(matches!(status, 200..=299 | 400 | 404 | 409 | 413 | 415 | 422), "{what} with only {scope}: {status}");
     }
     // The probes stay open.
     for path in ["/healthz", "/readyz", "/metrics"] {
@@ -193,6 +195,7 @@ async fn a_busy_key_and_a_guessing_address_are_limited_without_touching_others()
         }
     }
     assert!(statuses.contains(&429) && statuses[0] == 200, "{statuses:?}");
+    assert!(statuses.iter().all(|s| matches!(s, 200 | 429)), "{statuses:?}");
     assert_eq!(calm.get(app.url("/v1/pools")).send().await.unwrap().status(), 200, "another key is served");
 
     for i in 0..6 {
@@ -282,10 +285,11 @@ async fn keys_are_created_listed_and_revoked_over_http_and_a_revocation_reaches_
             break;
         }
         assert_eq!(status, 200);
-        assert!(revoked_at.elapsed() < Duration::from_secs(6), "instance b still accepts the key after 6 s");
+        assert!(revoked_at.elapsed() < Duration::from_secs(8), "instance b still accepts the key after 8 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(revoked_at.elapsed() <= Duration::from_millis(5_500), "refused after {:?}", revoked_at.elapsed());
+    // The cache keeps a key 5 s; the rest is this loop's polling and a loaded machine's scheduling.
+    assert!(revoked_at.elapsed() <= Duration::from_millis(6_500), "refused after {:?}", revoked_at.elapsed());
     assert_problem(create(json!({ "name": "onboarding-pod", "scopes": ["cif:read"] })).await.unwrap(), 409).await;
 
     let last_used: Option<chrono::DateTime<chrono::Utc>> =

@@ -54,7 +54,10 @@ async fn post_in_pieces(e: &Env, body: &[u8], pieces: usize, cut: Option<usize>)
         conn.write_all(b"0\r\n\r\n").await.unwrap();
     }
     let mut answer = Vec::new();
-    conn.read_to_end(&mut answer).await.unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(30), conn.read_to_end(&mut answer))
+        .await
+        .expect("no answer within 30 s")
+        .unwrap();
     let answer = String::from_utf8(answer).unwrap();
     let status = answer[9..12].parse().unwrap();
     let json = answer.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();

@@ -3,6 +3,7 @@
 use crate::common;
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use cifpool::cif::refill::{RefillOptions, RefillOutcome, refill};
 use cifpool::cif::{Pool, reclaim};
@@ -69,7 +70,7 @@ async fn two_hundred_concurrent_reservations_on_two_instances_are_distinct_and_v
     }
     let mut codes = HashSet::new();
     for t in tasks {
-        codes.insert(t.await.unwrap());
+        codes.insert(common::joined(t).await);
     }
     assert_eq!(codes.len(), 200, "every reservation got its own code");
     let codec = &pool(&a, "individual").codec;
@@ -178,10 +179,26 @@ async fn release_returns_the_code_and_extend_renews_the_lease() {
     let (cif, token) = (r["cif"].as_str().unwrap(), r["reservation_token"].as_str().unwrap());
     assert!(cif.starts_with('2'));
 
+    // Bring the lease close to its end, so a renewal shows: extend sets it a whole lease_ttl ahead.
+    sqlx::query("UPDATE cif_codes SET lease_expires_at = now() + interval '5 seconds' WHERE lease_token = $1::uuid")
+        .bind(token)
+        .execute(&app.state.db)
+        .await
+        .unwrap();
     let ext = post_token(&app, cif, "extend", token).await;
     assert_eq!(ext.status(), 200);
     let ext: Value = ext.json().await.unwrap();
-    assert!(ext["lease_expires_at"].as_str().unwrap() >= r["lease_expires_at"].as_str().unwrap());
+    let renewed: chrono::DateTime<chrono::Utc> = ext["lease_expires_at"].as_str().unwrap().parse().unwrap();
+    let ttl = app.state.pools.get("business").unwrap().settings.lease_ttl;
+    let ahead = (renewed - chrono::Utc::now()).to_std().unwrap_or_default();
+    assert!(ahead > ttl - Duration::from_secs(30) && ahead <= ttl, "renewed {ahead:?} ahead, lease_ttl {ttl:?}");
+    let stored: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT lease_expires_at FROM cif_codes WHERE lease_token = $1::uuid")
+            .bind(token)
+            .fetch_one(&app.state.db)
+            .await
+            .unwrap();
+    assert_eq!(stored, renewed, "the answer is what was stored");
 
     let rel = post_token(&app, cif, "release", token).await;
     assert_eq!(rel.status(), 200);
@@ -236,7 +253,7 @@ async fn concurrent_refills_on_two_instances_never_duplicate_a_counter() {
     let mut added = 0;
     let mut busy = 0;
     for r in runs {
-        let s = r.await.unwrap();
+        let s = common::joined(r).await;
         added += s.codes_added as i64;
         busy += i64::from(s.outcome == RefillOutcome::Busy);
     }
@@ -285,7 +302,7 @@ async fn idempotency_key_replays_the_same_reservation() {
     let mut statuses = Vec::new();
     let mut codes = HashSet::new();
     for t in tasks {
-        let (status, cif) = t.await.unwrap();
+        let (status, cif) = common::joined(t).await;
         statuses.push(status);
         codes.insert(cif);
     }

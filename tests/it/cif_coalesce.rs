@@ -100,7 +100,8 @@ async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_code
     assert_eq!(codes.len(), 64);
     let (statements, reservations) = batch_statements("business");
     assert_eq!(reservations - reservations_before, 64.0);
-    assert!(statements - statements_before <= 3.0, "{} statements for 64 reservations", statements - statements_before);
+    let shared = statements - statements_before;
+    assert!((1.0..=3.0).contains(&shared), "{shared} statements for 64 reservations");
     let audited: i64 = sqlx::query_scalar(
         "SELECT count(DISTINCT request_id) FROM audit_events WHERE action = 'cif.reserved' AND pool = 'business'",
     )
@@ -135,7 +136,7 @@ async fn sixty_four_concurrent_requests_with_sixteen_shared_keys_get_exactly_six
         .collect();
     let mut by_key = std::collections::HashMap::<usize, HashSet<String>>::new();
     for t in tasks {
-        let (key, cif) = t.await.unwrap();
+        let (key, cif) = common::joined(t).await;
         by_key.entry(key).or_default().insert(cif);
     }
     assert_eq!(by_key.len(), 16);

@@ -31,7 +31,8 @@ fn overlapping_code_spaces_are_refused() {
     assert!(msg.contains("pools[1].prefix") && msg.contains("overlaps"), "{msg}");
     // Equal prefixes and lengths.
     let f = pools_file(&[("individual", "7", 9), ("business", "7", 9)]);
-    assert!(Settings::load_with_env(Some(f.path()), Vec::new()).is_err());
+    let msg = Settings::load_with_env(Some(f.path()), Vec::new()).unwrap_err().to_string();
+    assert!(msg.contains("pools[1].prefix") && msg.contains("overlaps"), "{msg}");
     // Different lengths never collide; neither do disjoint prefixes.
     let f = pools_file(&[("individual", "1", 10), ("business", "12", 10), ("sme", "3", 9)]);
     Settings::load_with_env(Some(f.path()), Vec::new()).unwrap();
@@ -186,7 +187,8 @@ async fn a_pool_created_before_key_checks_gets_one_pinned_at_the_next_start() {
     sqlx::query("UPDATE cif_pools SET key_check = NULL").execute(&db.pool).await.unwrap();
     // Another key is still caught by the stored codes, and pins nothing.
     let other = cifpool::keys::MasterKey::generate();
-    Pools::reconcile(&db.pool, &[test_pool("individual", "1")], &other).await.unwrap_err();
+    let msg = Pools::reconcile(&db.pool, &[test_pool("individual", "1")], &other).await.unwrap_err().to_string();
+    assert!(msg.contains("individual") && msg.contains("master key"), "{msg}");
     let stored: Option<String> =
         sqlx::query_scalar("SELECT key_check FROM cif_pools").fetch_one(&db.pool).await.unwrap();
     assert_eq!(stored, None);

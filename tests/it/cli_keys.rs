@@ -2,7 +2,7 @@
 
 use crate::common;
 
-use common::{cifpool_cli as cifpool, json_lines as lines};
+use common::{assert_cli_error, cifpool_cli as cifpool, json_lines as lines};
 
 #[tokio::test]
 async fn keys_are_managed_and_audited_from_the_command_line() {
@@ -15,14 +15,14 @@ async fn keys_are_managed_and_audited_from_the_command_line() {
     assert!(secret.starts_with("cfp_"));
     assert_eq!(created[0]["tenants"], serde_json::json!(["bank"]));
     let bad = cifpool(&db.url, &["keys", "create", "crm", "--scopes", "notify:send"]);
-    assert!(!bad.status.success(), "a name is never reused");
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("already exists"));
+    // A name is never reused.
+    assert_cli_error(&bad, "already exists");
     let listed = lines(&cifpool(&db.url, &["keys", "list"]));
     assert_eq!(listed.len(), 1);
     assert!(!listed[0].to_string().contains(secret) && listed[0]["revoked_at"].is_null());
     assert!(cifpool(&db.url, &["keys", "revoke", "crm"]).status.success());
     assert!(!lines(&cifpool(&db.url, &["keys", "list"]))[0]["revoked_at"].is_null());
-    assert!(!cifpool(&db.url, &["keys", "revoke", "nobody"]).status.success());
+    assert_cli_error(&cifpool(&db.url, &["keys", "revoke", "nobody"]), "no key named \"nobody\"");
     let events = lines(&cifpool(&db.url, &["audit", "--action", "key.revoked"]));
     assert_eq!(events.len(), 1);
     assert!(events[0]["actor"].as_str().unwrap().starts_with("cli:"), "{}", events[0]);

@@ -3,7 +3,7 @@
 
 use crate::common;
 
-use common::{cifpool_cli as cifpool, fresh_database, json_lines as lines};
+use common::{assert_cli_error, cifpool_cli as cifpool, fresh_database, json_lines as lines};
 use serde_json::json;
 
 /// Inserts `n` jobs of class `class` with `status`, in batch `batch` if given; returns their ids.
@@ -34,10 +34,10 @@ async fn pauses_batch_cancels_and_dead_letters_from_the_command_line() {
     assert_eq!((pauses.len(), &pauses[0]["kind"], &pauses[0]["name"]), (1, &json!("class"), &json!("promo")));
     assert!(pauses[0]["paused_by"].as_str().unwrap().starts_with("cli:"), "{}", pauses[0]);
     let again = cifpool(&db.url, &["queue", "pause", "class", "promo"]);
+    assert!(again.status.success(), "pausing twice is not an error: {}", String::from_utf8_lossy(&again.stderr));
     assert!(String::from_utf8_lossy(&again.stderr).contains("already paused"));
     let unknown = cifpool(&db.url, &["queue", "pause", "provider", "carrier-pigeon"]);
-    assert!(!unknown.status.success());
-    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no provider named"));
+    assert_cli_error(&unknown, "no provider named");
     assert!(cifpool(&db.url, &["queue", "resume", "class", "promo"]).status.success());
     assert!(lines(&cifpool(&db.url, &["queue", "pauses"])).is_empty());
 
@@ -60,7 +60,7 @@ async fn pauses_batch_cancels_and_dead_letters_from_the_command_line() {
         .unwrap();
     let canceled = lines(&cifpool(&db.url, &["queue", "cancel-batch", &batch.to_string()]));
     assert_eq!(canceled, vec![json!({ "batch_id": batch, "canceled": 2 })]);
-    assert!(!cifpool(&db.url, &["queue", "cancel-batch", "999999"]).status.success());
+    assert_cli_error(&cifpool(&db.url, &["queue", "cancel-batch", "999999"]), "no batch 999999");
 
     let dead = jobs(&db.pool, "transactional", "dead", 2, None).await;
     let retried = lines(&cifpool(&db.url, &["dlq", "retry", &dead[0].to_string(), "--extra-attempts", "3"]));
@@ -68,9 +68,9 @@ async fn pauses_batch_cancels_and_dead_letters_from_the_command_line() {
     let discarded = lines(&cifpool(&db.url, &["dlq", "discard", &dead[1].to_string()]));
     assert_eq!(discarded[0]["status"], "discarded");
     let twice = cifpool(&db.url, &["dlq", "discard", &dead[1].to_string()]);
-    assert!(!twice.status.success());
-    assert!(String::from_utf8_lossy(&twice.stderr).contains("not a dead letter"));
-    assert!(!cifpool(&db.url, &["dlq", "retry", &dead[0].to_string(), "--extra-attempts", "0"]).status.success());
+    assert_cli_error(&twice, "not a dead letter");
+    let zero = cifpool(&db.url, &["dlq", "retry", &dead[0].to_string(), "--extra-attempts", "0"]);
+    assert_cli_error(&zero, "--extra-attempts must be between 1 and");
 
     let actions: Vec<String> =
         lines(&cifpool(&db.url, &["audit"])).iter().map(|e| e["action"].as_str().unwrap().to_string()).collect();

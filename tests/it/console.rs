@@ -280,14 +280,16 @@ async fn pool_and_queue_actions_go_through_the_domain_and_leave_the_apis_audit_r
     browser.act("/console/pools", "/console/pools/individual/reclaim", &[]).await;
     assert!(browser.get("/console/pools").await.body.contains("0 holds returned"));
 
-    for (path, action) in [
-        ("/console/queue/classes/promo/pause", "queue.paused"),
-        ("/console/queue/providers/sms/pause", "queue.paused"),
-        ("/console/queue/classes/promo/resume", "queue.resumed"),
+    for (path, action, rows) in [
+        ("/console/queue/classes/promo/pause", "queue.paused", 1),
+        ("/console/queue/providers/sms/pause", "queue.paused", 2),
+        ("/console/queue/classes/promo/resume", "queue.resumed", 1),
     ] {
         let page = browser.act("/console/queue", path, &[]).await;
         assert_eq!(page.status, StatusCode::SEE_OTHER, "{path}");
-        assert!(audit_rows(&e, action).await.iter().all(|(actor, _)| *actor == name));
+        let audited = audit_rows(&e, action).await;
+        assert_eq!(audited.len(), rows, "{path}: {audited:?}");
+        assert!(audited.iter().all(|(actor, _)| *actor == name), "{path}: {audited:?}");
     }
     let paused: Vec<(String, String)> =
         sqlx::query_as("SELECT kind, name FROM queue_pauses").fetch_all(&e.db.pool).await.unwrap();
@@ -409,7 +411,8 @@ async fn sign_out_and_expiry_end_a_session() {
         .await
         .unwrap();
     assert_eq!(browser.get("/console/pools").await.status, StatusCode::SEE_OTHER, "idle beyond the timeout");
-    browser.sign_in(&e.app.key).await;
+    assert_eq!(browser.sign_in(&e.app.key).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(browser.get("/console/pools").await.status, StatusCode::OK, "signed in again");
     sqlx::query("UPDATE console_sessions SET expires_at = now() - interval '1 second'")
         .execute(&e.db.pool)
         .await

@@ -5,7 +5,10 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use cifpool::state::AppState;
-use common::{assert_problem, spawn_app, test_settings};
+use common::{
+    TEST_ADMIN_TOKEN, assert_problem, block_counter, fresh_database, spawn_app, spawn_passive_app, test_settings,
+    test_settings_with_pools, wait_for_a_lock_wait,
+};
 
 #[tokio::test]
 async fn healthz_and_readyz_are_ok_against_the_real_database() {
@@ -86,10 +89,33 @@ async fn oversized_body_is_413_problem_json() {
     assert_problem(r, 413).await;
 }
 
+/// A graceful stop refuses new connections at once, lets a request already running finish with its
+/// real answer, and returns only after it.
 #[tokio::test]
-async fn graceful_stop_returns_cleanly() {
-    let (app, _db) = spawn_app().await;
-    let r = app.client.get(app.url("/healthz")).send().await.unwrap();
-    assert_eq!(r.status(), 200);
-    app.stop().await;
+async fn graceful_stop_lets_a_running_request_finish_and_refuses_new_ones() {
+    let db = fresh_database().await;
+    let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
+    // A forced refill that waits for the pool's row lock: a request that is running when the stop comes.
+    let blocker = block_counter(&db.pool, "individual").await;
+    let url = app.url("/admin/pools/individual/refill?force=true");
+    let running =
+        tokio::spawn(async move { reqwest::Client::new().post(url).bearer_auth(TEST_ADMIN_TOKEN).send().await });
+    wait_for_a_lock_wait(&db.pool).await;
+
+    let healthz = app.url("/healthz");
+    let stopping = tokio::spawn(app.stop());
+    let by = Instant::now() + Duration::from_secs(10);
+    while reqwest::Client::new().get(&healthz).send().await.is_ok() {
+        assert!(Instant::now() < by, "new connections still accepted 10 s into the stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!stopping.is_finished(), "the stop returned while a request was running");
+
+    blocker.rollback().await.unwrap();
+    let answer =
+        tokio::time::timeout(Duration::from_secs(30), running).await.expect("the request hung").unwrap().unwrap();
+    assert_eq!(answer.status(), 200);
+    let body: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!(body["outcome"], "refilled", "{body}");
+    tokio::time::timeout(Duration::from_secs(30), stopping).await.expect("the stop hung").unwrap();
 }

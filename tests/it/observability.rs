@@ -219,11 +219,17 @@ async fn traces_continue_the_callers_traceparent_and_reach_the_provider_call() {
 async fn metrics_show_the_build_readiness_process_and_database_pool() {
     let db = fresh_database().await;
     let serve = Serve::start(&db.url, "http://127.0.0.1:9", &[]).await;
-    // The probe records an acquire within a second of start.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let text = reqwest::get(format!("{}/metrics", serve.base)).await.unwrap().text().await.unwrap();
-    serve.stop().await;
     let version = env!("CARGO_PKG_VERSION");
+    // The pool probe records its first acquire about a second after start: poll, with a deadline.
+    let by = std::time::Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let text = reqwest::get(format!("{}/metrics", serve.base)).await.unwrap().text().await.unwrap();
+        if text.contains("cifpool_db_pool_acquire_seconds_bucket") || std::time::Instant::now() > by {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    serve.stop().await;
     assert!(text.contains(&format!("cifpool_build_info{{version=\"{version}\",git_sha=\"")), "{text}");
     for line in [
         "cifpool_ready 1",

@@ -7,21 +7,16 @@ use std::time::{Duration, Instant};
 
 use cifpool::cif::refill::{RefillOptions, RefillOutcome, refill};
 use cifpool::cif::upkeep;
-use common::{TEST_ADMIN_TOKEN, TestApp, TestDb, fresh_database, spawn_passive_app, test_settings_with_pools};
+use common::{
+    TEST_ADMIN_TOKEN, TestApp, TestDb, block_counter, fresh_database, spawn_passive_app, test_settings_with_pools,
+    wait_for_a_lock_wait,
+};
 use sqlx::PgPool;
 
 async fn passive() -> (TestDb, TestApp) {
     let db = fresh_database().await;
     let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
     (db, app)
-}
-
-/// Holds the row lock of pool `name` (what a refill batch needs to advance its counter) until the
-/// returned transaction ends, so a refill started meanwhile waits while holding its advisory lock.
-async fn block_counter(db: &PgPool, name: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
-    let mut tx = db.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM cif_pools WHERE name = $1 FOR UPDATE").bind(name).execute(&mut *tx).await.unwrap();
-    tx
 }
 
 /// What a refill by another instance (its own connection pool) answers, waiting up to 5 s for it to
@@ -44,8 +39,13 @@ async fn a_refill_dropped_while_it_holds_the_lock_does_not_leave_the_pool_busy()
     let (db, app) = passive().await;
     let blocker = block_counter(&db.pool, "individual").await;
     let pool = app.state.pools.get("individual").unwrap();
-    let cut = tokio::time::timeout(Duration::from_millis(300), refill(&app.state.db, pool, RefillOptions::default()));
-    assert!(cut.await.is_err(), "the refill should have been waiting for the counter");
+    // Drop the run only once it is waiting for the counter, that is, holding the pool's advisory lock.
+    let mut running = Box::pin(refill(&app.state.db, pool, RefillOptions::default()));
+    tokio::select! {
+        done = &mut running => panic!("the refill finished while the counter was locked: {done:?}"),
+        () = wait_for_a_lock_wait(&db.pool) => {}
+    }
+    drop(running);
     blocker.rollback().await.unwrap();
     // The dropped run's connection was the one holding the lock: it must not be back in the pool with it.
     assert_eq!(other_instance_refill(&db.url, &app).await, RefillOutcome::Refilled);
@@ -58,6 +58,8 @@ async fn an_admin_refill_whose_client_gives_up_finishes_and_releases_the_lock() 
     let impatient = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
     let r = impatient.post(app.url("/admin/pools/individual/refill")).bearer_auth(TEST_ADMIN_TOKEN).send().await;
     assert!(r.is_err_and(|e| e.is_timeout()), "the request should have timed out");
+    // Its run goes on, waiting for the counter.
+    wait_for_a_lock_wait(&db.pool).await;
     blocker.rollback().await.unwrap();
     // The run went on without its client and refilled the pool.
     let by = Instant::now() + Duration::from_secs(5);

@@ -159,22 +159,32 @@ async fn transient_failures_retry_through_the_queue_then_die_and_replay_revives(
     e.push.fake.set_behaviour(FakeBehaviour { error_rate: 1.0, ..Default::default() });
     let id = e.enqueue("promo", "shop", 1).await[0];
     let group = e.group(Strategy::Priority, 0);
-    let max_attempts = e.app.state.queue.classes["promo"].settings.max_attempts as i32;
+    let settings = &e.app.state.queue.classes["promo"].settings;
+    let max_attempts = settings.max_attempts as i32;
+    let mut delays = Vec::new();
     for attempt in 1..max_attempts {
         let started = Instant::now();
         assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Retrying(id));
         assert!(started.elapsed() < Duration::from_secs(2), "the worker did not sleep out the backoff");
-        let (status, attempts, due_later): (String, i32, bool) = sqlx::query_as(
-            "SELECT status, attempts, run_after > now() - interval '1 millisecond' FROM notification_jobs WHERE id = $1",
+        let (status, attempts, due_in): (String, i32, f64) = sqlx::query_as(
+            "SELECT status, attempts, extract(epoch FROM run_after - now())::float8 FROM notification_jobs WHERE id = $1",
         )
         .bind(id)
         .fetch_one(&e.db.pool)
         .await
         .unwrap();
-        assert_eq!((status.as_str(), attempts, due_later), ("failed-retrying", attempt, true));
+        assert_eq!((status.as_str(), attempts), ("failed-retrying", attempt));
+        // Full jitter under an exponential ceiling: base·2^(attempt-1), capped.
+        let ceiling =
+            (settings.backoff_base.as_secs_f64() * 2f64.powi(attempt - 1)).min(settings.backoff_cap.as_secs_f64());
+        assert!(due_in <= ceiling, "attempt {attempt}: due in {due_in} s, above the ceiling {ceiling} s");
+        delays.push(due_in);
         // Not due yet: the worker is free for other work at once.
         e.make_due().await;
     }
+    // A backoff of zero would make every delay ~0; with full jitter over ceilings of 5 s and more,
+    // all of them under 50 ms has a chance below 1e-9.
+    assert!(delays.iter().any(|d| *d > 0.05), "no backoff at all: {delays:?}");
     assert_eq!(group.try_execute_next().await.unwrap(), Outcome::Dead(id));
     assert_eq!(e.status(id).await, "dead");
     assert_eq!(e.push.fake.report().calls, max_attempts as u64, "attempts are bounded");
@@ -272,7 +282,7 @@ async fn a_lease_lost_mid_send_still_yields_exactly_one_result() {
     assert_eq!(store::rescue_expired_leases(&e.db.pool, 100).await.unwrap(), 1);
     // Worker B claims it again and sends it again.
     let second = b.try_execute_next().await.unwrap();
-    let first = first.await.unwrap();
+    let first = common::joined(first).await;
     let mut outcomes = [first, second];
     outcomes.sort_by_key(|o| matches!(o, Outcome::Sent(_)));
     assert_eq!(outcomes, [Outcome::LeaseLost(id), Outcome::Sent(id)], "exactly one finish wins the fence");
@@ -373,7 +383,7 @@ async fn per_tenant_in_flight_cap_holds_between_claims() {
         }
         held.extend(jobs);
     }
-    assert!(held.len() >= cap && held.len() < cap + 8, "in flight {} with cap {cap}", held.len());
+    assert_eq!(held.len(), cap, "in flight with cap {cap}");
     // Another tenant still gets through while `big` is at its cap.
     e.enqueue("promo", "small", 1).await;
     let other = group.claim(8).await.unwrap();
@@ -397,7 +407,7 @@ async fn racing_claims_fill_a_tenant_cap_exactly() {
         .collect();
     let mut claimed = 0;
     for c in claims {
-        claimed += c.await.unwrap();
+        claimed += common::joined(c).await;
     }
     let sending: i64 =
         e.count("SELECT count(*) FROM notification_jobs WHERE status = 'sending' AND tenant = 'big'").await;

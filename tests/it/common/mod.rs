@@ -31,9 +31,12 @@ impl TestApp {
         self.running.url(path)
     }
 
-    /// Graceful stop, waiting for the app to finish.
+    /// Graceful stop, waiting (at most a minute) for the app to finish.
     pub async fn stop(self) {
-        self.running.stop().await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(60), self.running.stop())
+            .await
+            .expect("the app did not stop within a minute")
+            .unwrap();
     }
 
     /// Stops the app at once, as a crash would (see [`RunningApp::abort`]).
@@ -210,4 +213,49 @@ pub fn cifpool_cli(db_url: &str, args: &[&str]) -> std::process::Output {
 pub fn json_lines(out: &std::process::Output) -> Vec<serde_json::Value> {
     assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Holds the row lock of pool `name` (what a refill batch needs to advance its counter) until the
+/// returned transaction ends, so a refill started meanwhile waits while holding its advisory lock.
+pub async fn block_counter(db: &sqlx::PgPool, name: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = db.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM cif_pools WHERE name = $1 FOR UPDATE").bind(name).execute(&mut *tx).await.unwrap();
+    tx
+}
+
+/// Waits (at most 10 s) until a statement of database `db` waits for a row lock.
+pub async fn wait_for_a_lock_wait(db: &sqlx::PgPool) {
+    let by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(db)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < by, "no statement waited for a lock within 10 s");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Asserts that a `cifpool` run failed the way the command itself fails (exit 1, `error: …` naming
+/// `what`), not with a usage error (exit 2) that would pass any "it failed" check.
+pub fn assert_cli_error(out: &std::process::Output, what: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "expected exit 1 with {what:?}; stderr: {stderr}");
+    assert!(stderr.contains(what), "expected {what:?} in stderr: {stderr}");
+}
+
+/// Awaits a spawned task, at most a minute: a hung task fails its test instead of holding the run
+/// until CI's own limit; a panic in the task fails the test with the task's message.
+pub async fn joined<T>(task: tokio::task::JoinHandle<T>) -> T {
+    match tokio::time::timeout(std::time::Duration::from_secs(60), task).await {
+        Ok(Ok(value)) => value,
+        Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Ok(Err(e)) => panic!("the task was canceled: {e}"),
+        Err(_) => panic!("the task did not finish within a minute"),
+    }
 }

@@ -113,10 +113,12 @@ impl Env {
 /// Runs one worker step after another until the group finds nothing.
 pub async fn drain(group: &WorkerGroup) -> Vec<Outcome> {
     let mut outcomes = Vec::new();
-    loop {
+    // A job that keeps coming back due at once (a zero backoff) would make this spin for ever.
+    for _ in 0..1_000_000 {
         match group.try_execute_next().await.unwrap() {
             Outcome::Idle => return outcomes,
             o => outcomes.push(o),
         }
     }
+    panic!("the group never went idle: {} steps, the last {:?}", outcomes.len(), outcomes.last());
 }
