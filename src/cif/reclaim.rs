@@ -14,8 +14,9 @@ use crate::cif::store::{AVAILABLE, CODES, RESERVED};
 
 /// Rows per sweep statement: bounded so a mass expiry does not become one huge transaction.
 const SWEEP_BATCH: i64 = 1000;
-/// Idempotency records older than this are forgotten.
-const IDEMPOTENCY_RETENTION_HOURS: i64 = 24;
+/// Idempotency records older than this are forgotten (the replay ignores them already; reclaim deletes
+/// them).
+pub(crate) const IDEMPOTENCY_RETENTION_HOURS: i64 = 24;
 
 /// Binds: `$1` batch, `$2` pool id (`NULL`: every pool); audit rows: actor `$3`, request id `$4`.
 static SWEEP: LazyLock<String> = LazyLock::new(|| {

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use crate::audit::{Actor, Columns, action, audited, insert_from};
 use crate::cif::Pool;
+use crate::cif::reclaim::IDEMPOTENCY_RETENTION_HOURS;
 use crate::claim::{ClaimSpec, ClaimTable, Fenced};
 
 /// `cif_codes` as a claimable table.
@@ -124,13 +125,16 @@ pub fn reserve_sql() -> &'static str {
 
 /// The reservation idempotency key `$1` of caller `$2` produced, with a `cif.replayed` row (actor `$2`,
 /// request id `$3`, pool name `$4`, holder `$5`) when it belongs to pool `$6`. Keys are the caller's
-/// own: another caller's same key is not found.
+/// own: another caller's same key is not found; nor is a key older than the retention window, even
+/// before reclaim has deleted it.
 static REPLAY: LazyLock<String> = LazyLock::new(|| {
     let columns =
         Columns { actor: "$2", request_id: "$3", pool: "$4", cif: "code", holder: "$5", ..Default::default() };
     audited(
-        "SELECT pool_id, code, lease_token, lease_expires_at FROM cif_idempotency \
-         WHERE caller = $2 AND idempotency_key = $1",
+        &format!(
+            "SELECT pool_id, code, lease_token, lease_expires_at FROM cif_idempotency \
+             WHERE caller = $2 AND idempotency_key = $1 AND created_at >= now() - interval '{IDEMPOTENCY_RETENTION_HOURS} hours'"
+        ),
         &insert_from(action::CIF_REPLAYED, &columns, "done WHERE pool_id = $6"),
         "pool_id, code, lease_token, lease_expires_at",
     )
@@ -260,11 +264,15 @@ pub async fn reserve(
         return Ok(Reserved::Empty);
     };
     let held = reservation(pool, &row);
-    let inserted = sqlx::query(
+    // A key past its window that reclaim has not deleted yet is taken over by this reservation.
+    let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO cif_idempotency (caller, idempotency_key, pool_id, counter, code, lease_token, lease_expires_at) \
          SELECT $6, $1, $2, counter, code, $4, $5 FROM cif_codes WHERE pool_id = $2 AND code = $3 \
-         ON CONFLICT (caller, idempotency_key) DO NOTHING",
-    )
+         ON CONFLICT (caller, idempotency_key) DO UPDATE SET pool_id = excluded.pool_id, counter = excluded.counter, \
+             code = excluded.code, lease_token = excluded.lease_token, \
+             lease_expires_at = excluded.lease_expires_at, created_at = now() \
+         WHERE cif_idempotency.created_at < now() - interval '{IDEMPOTENCY_RETENTION_HOURS} hours'"
+    )))
     .bind(key)
     .bind(pool.id)
     .bind(&held.cif)

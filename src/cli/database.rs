@@ -250,7 +250,10 @@ pub(super) async fn run_dlq(db: &sqlx::PgPool, command: DlqCommand) -> anyhow::R
     use crate::queue::dlq;
     match command {
         DlqCommand::List { filter, limit } => {
-            for job in dlq::list(db, &filter.filter(), limit).await? {
+            let filter = filter.filter();
+            filter.validate().map_err(|e| anyhow::anyhow!(e))?;
+            anyhow::ensure!(limit >= 1, "--limit must be at least 1");
+            for job in dlq::list(db, &filter, limit).await? {
                 println!("{}", serde_json::to_string(&job)?);
             }
         }

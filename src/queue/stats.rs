@@ -283,18 +283,24 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
         // The most recent finishes only, so the cost is bounded whatever the rate: under
         // DRAIN_SAMPLE finishes in the window, the rate is count / window; at or above it, the
         // rate is DRAIN_SAMPLE / the time those took (a full 30 s window at 27,000 jobs/s is
-        // 800,000 index entries to count, every refresh).
-        let (finished, span): (i64, f64) = sqlx::query_as(
-            "SELECT count(*), coalesce(extract(epoch FROM now() - min(finished_at))::float8, 0) FROM ( \
-                SELECT finished_at FROM notification_jobs \
-                WHERE class = $1 AND finished_at > now() - $2::float8 * interval '1 second' \
-                ORDER BY finished_at DESC LIMIT $3) AS recent",
-        )
-        .bind(class)
-        .bind(DRAIN_WINDOW.as_secs_f64())
-        .bind(DRAIN_SAMPLE)
-        .fetch_one(&mut *tx)
-        .await?;
+        // 800,000 index entries to count, every refresh). A discarded dead letter is a person's
+        // clean-up, not the queue draining (its death was counted when it died).
+        static DRAINED: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT count(*), coalesce(extract(epoch FROM now() - min(finished_at))::float8, 0) FROM ( \
+                    SELECT finished_at FROM notification_jobs \
+                    WHERE class = $1 AND finished_at > now() - $2::float8 * interval '1 second' \
+                      AND status <> {discarded} \
+                    ORDER BY finished_at DESC LIMIT $3) AS recent",
+                discarded = JobStatus::Discarded.sql()
+            )
+        });
+        let (finished, span): (i64, f64) = sqlx::query_as(sqlx::AssertSqlSafe(DRAINED.as_str()))
+            .bind(class)
+            .bind(DRAIN_WINDOW.as_secs_f64())
+            .bind(DRAIN_SAMPLE)
+            .fetch_one(&mut *tx)
+            .await?;
         drain_per_s.push(if finished >= DRAIN_SAMPLE && span > 0.0 {
             finished as f64 / span
         } else {

@@ -13,26 +13,26 @@ use common::{
 };
 use serde_json::{Value, json};
 
-fn pool<'a>(app: &'a TestApp, name: &str) -> &'a Pool {
+pub(crate) fn pool<'a>(app: &'a TestApp, name: &str) -> &'a Pool {
     app.state.pools.get(name).unwrap()
 }
 
-async fn fill(app: &TestApp, name: &str) {
+pub(crate) async fn fill(app: &TestApp, name: &str) {
     let s = refill(&app.state.db, pool(app, name), RefillOptions { force: true, ..Default::default() }).await.unwrap();
     assert_eq!(s.outcome, RefillOutcome::Refilled);
 }
 
-async fn reserve(app: &TestApp, customer_type: &str) -> reqwest::Response {
+pub(crate) async fn reserve(app: &TestApp, customer_type: &str) -> reqwest::Response {
     app.client.post(app.url("/v1/cif")).json(&json!({ "customer_type": customer_type })).send().await.unwrap()
 }
 
-async fn reserve_ok(app: &TestApp, customer_type: &str) -> Value {
+pub(crate) async fn reserve_ok(app: &TestApp, customer_type: &str) -> Value {
     let r = reserve(app, customer_type).await;
     assert_eq!(r.status(), 201);
     r.json().await.unwrap()
 }
 
-async fn post_token(app: &TestApp, cif: &str, action: &str, token: &str) -> reqwest::Response {
+pub(crate) async fn post_token(app: &TestApp, cif: &str, action: &str, token: &str) -> reqwest::Response {
     app.client
         .post(app.url(&format!("/v1/cif/{cif}/{action}")))
         .json(&json!({ "reservation_token": token }))
@@ -41,7 +41,7 @@ async fn post_token(app: &TestApp, cif: &str, action: &str, token: &str) -> reqw
         .unwrap()
 }
 
-async fn count(db: &sqlx::PgPool, sql: &str) -> i64 {
+pub(crate) async fn count(db: &sqlx::PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string())).fetch_one(db).await.unwrap()
 }
 
@@ -464,7 +464,7 @@ async fn well_formed_but_never_issued_code_is_404() {
     assert_problem(app.client.get(app.url(&format!("/v1/cif/{code}"))).send().await.unwrap(), 404).await;
 }
 
-async fn passive() -> (common::TestDb, TestApp) {
+pub(crate) async fn passive() -> (common::TestDb, TestApp) {
     let db = fresh_database().await;
     let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
     (db, app)
