@@ -1,13 +1,19 @@
 //! Budgets for the whole deployment: several app instances on one database, one provider stub that
 //! records what a gateway would see (calls in flight, arrival times), and the limits that must hold
-//! across every instance: provider concurrency, provider rate, `Retry-After`, tenant caps.
+//! across every instance: provider concurrency, provider rate, `Retry-After`, tenant caps. Where a
+//! limit is a matter of steps (a sync, a claim), the test drives them; where it is a matter of time
+//! (a rate), real instances run.
 
 use crate::common;
 
 use std::time::{Duration, Instant};
 
 use cifpool::config::Settings;
+use cifpool::queue::budget::Room;
 use cifpool::queue::fake_provider::FakeBehaviour;
+use cifpool::queue::policy::Strategy;
+use cifpool::queue::worker::Outcome;
+use common::queue_env::{drain, env};
 use common::{FakeServer, TestApp, fake_server, fresh_database, spawn_app_with, test_settings_with_pools};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -124,26 +130,41 @@ async fn the_rate_limit_holds_across_instances() {
     assert!(calls >= 200, "{calls} calls: the limit should still let most of the rate through");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn retry_after_pauses_the_provider_on_every_instance_without_spending_attempts() {
-    let db = fresh_database().await;
-    let behaviour = FakeBehaviour { latency_ms: 5, throttle_first: 1, retry_after_secs: 2, ..Default::default() };
-    let sms = fake_server(behaviour).await;
-    let mut apps = Vec::new();
-    for _ in 0..3 {
-        apps.push(spawn_app_with(settings(&db.url, &sms, 20, 16)).await);
-    }
-    enqueue(&apps[0], "transactional", "bank", 300).await;
-    all_sent(&db.pool, 300, Duration::from_secs(60)).await;
-    let arrivals = sms.fake.arrivals();
-    let throttled_at = arrivals[0];
-    // Calls another instance started before it heard of the pause (one sync) are allowed; after that
-    // nothing reaches the provider until Retry-After has passed.
-    let quiet = arrivals.iter().filter(|t| **t > throttled_at + Duration::from_millis(500)).min().copied().unwrap();
-    eprintln!("throttled at {throttled_at:?}, next call after the first half second at {quiet:?}");
-    assert!(quiet >= throttled_at + Duration::from_millis(1900), "a call at {quiet:?} during the pause");
-    let attempts = count(&db.pool, "SELECT max(attempts)::int8 FROM notification_jobs").await;
-    assert_eq!(attempts, 1, "the throttled call did not spend an attempt");
+/// A `Retry-After` closes the provider on the pod that was told at once, and on every other pod at
+/// its next sync; the throttled job keeps its attempt, and once the pause has passed both jobs are
+/// sent with one attempt each. Each pod's sync is driven here as a step.
+#[tokio::test]
+async fn retry_after_pauses_the_provider_on_every_pod_without_spending_attempts() {
+    let e = env().await;
+    e.sms.fake.set_behaviour(FakeBehaviour { throttle_first: 1, retry_after_secs: 2, ..Default::default() });
+    let (b, on_b) = e.second_pod(Strategy::Priority, 0).await;
+    let on_a = e.group(Strategy::Priority, 0);
+    let ids = e.enqueue("transactional", "bank", 2).await;
+
+    assert_eq!(on_a.try_execute_next().await.unwrap(), Outcome::Throttled(ids[0]));
+    let attempts =
+        count(&e.db.pool, &format!("SELECT attempts::int8 FROM notification_jobs WHERE id = {}", ids[0])).await;
+    assert_eq!(attempts, 0, "the throttled call gave its attempt back");
+    assert_eq!(e.app.state.queue.providers["sms"].budget.room(), Room::Closed, "closed at once where it was told");
+    assert!(on_a.claim(8).await.unwrap().is_empty());
+    assert_ne!(b.state.queue.providers["sms"].budget.room(), Room::Closed, "b has not synced yet");
+    e.app.state.queue.sync_budgets(&e.db.pool).await;
+    b.state.queue.sync_budgets(&b.state.db).await;
+    assert_eq!(b.state.queue.providers["sms"].budget.room(), Room::Closed, "b closed at its next sync");
+    assert!(on_b.claim(8).await.unwrap().is_empty(), "b claims nothing for the paused provider");
+    assert_eq!(e.sms.fake.report().calls, 1);
+
+    // Once Retry-After has passed, the next syncs open it again and both jobs go out.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    e.app.state.queue.sync_budgets(&e.db.pool).await;
+    b.state.queue.sync_budgets(&b.state.db).await;
+    assert_ne!(b.state.queue.providers["sms"].budget.room(), Room::Closed);
+    let mut sent = drain(&on_b).await;
+    sent.sort_by_key(|o| format!("{o:?}"));
+    assert_eq!(sent, vec![Outcome::Sent(ids[0]), Outcome::Sent(ids[1])]);
+    let attempts = count(&e.db.pool, "SELECT max(attempts)::int8 FROM notification_jobs").await;
+    assert_eq!(attempts, 1, "one attempt each: the throttled call did not spend one");
+    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

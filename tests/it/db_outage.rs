@@ -83,8 +83,10 @@ async fn requests_fail_fast_during_an_outage_and_recover_without_a_restart() {
         if reserved {
             break;
         }
+        // Each request tries a fresh connection: recovery takes one request once Postgres accepts
+        // connections again; the bound leaves room for a loaded machine.
         assert!(
-            back.elapsed() < Duration::from_secs(2),
+            back.elapsed() < Duration::from_secs(5),
             "not recovered {:?} after the database returned",
             back.elapsed()
         );

@@ -35,6 +35,13 @@ pub async fn env_with(tweak: impl FnOnce(&mut cifpool::config::Settings)) -> Env
     Env { db, app, sms, push }
 }
 
+/// Worker group `index` of `strategy`'s preset on `app`.
+fn group_of(app: &TestApp, strategy: Strategy, index: usize) -> Arc<WorkerGroup> {
+    let all = ["otp", "transactional", "promo"].map(String::from).to_vec();
+    let policy = strategy.groups(20, 6, &["otp".to_string()], &all).remove(index);
+    WorkerGroup::new(policy, app.state.db.clone(), app.state.queue.clone())
+}
+
 /// An environment with the test settings.
 pub async fn env() -> Env {
     env_with(|_| {}).await
@@ -43,9 +50,22 @@ pub async fn env() -> Env {
 impl Env {
     /// Worker group `index` of `strategy`'s preset.
     pub fn group(&self, strategy: Strategy, index: usize) -> Arc<WorkerGroup> {
-        let all = ["otp", "transactional", "promo"].map(String::from).to_vec();
-        let policy = strategy.groups(20, 6, &["otp".to_string()], &all).remove(index);
-        WorkerGroup::new(policy, self.app.state.db.clone(), self.app.state.queue.clone())
+        group_of(&self.app, strategy, index)
+    }
+
+    /// Another pod on the same database and providers (passive too, holding its share of each
+    /// provider), with its worker group `index` of `strategy`'s preset.
+    pub async fn second_pod(&self, strategy: Strategy, index: usize) -> (TestApp, Arc<WorkerGroup>) {
+        let mut settings = test_settings_with_pools(&self.db.url);
+        use_fake_providers(&mut settings, &self.sms, &self.push);
+        let pod = spawn_passive_app(settings).await;
+        pod.state.queue.join_budgets(&pod.state.db).await.unwrap();
+        // The first pod took every provider's whole budget when it joined alone: a sync of each
+        // shares it out.
+        self.app.state.queue.sync_budgets(&self.app.state.db).await;
+        pod.state.queue.sync_budgets(&pod.state.db).await;
+        let group = group_of(&pod, strategy, index);
+        (pod, group)
     }
 
     /// Enqueues `n` jobs one request each; returns their ids.
