@@ -220,18 +220,7 @@ async fn metrics_show_the_build_readiness_process_and_database_pool() {
     let db = fresh_database().await;
     let serve = Serve::start(&db.url, "http://127.0.0.1:9", &[]).await;
     let version = env!("CARGO_PKG_VERSION");
-    // The pool probe records its first acquire about a second after start: poll, with a deadline.
-    let by = std::time::Instant::now() + Duration::from_secs(15);
-    let text = loop {
-        let text = reqwest::get(format!("{}/metrics", serve.base)).await.unwrap().text().await.unwrap();
-        if text.contains("cifpool_db_pool_acquire_seconds_bucket") || std::time::Instant::now() > by {
-            break text;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    serve.stop().await;
-    assert!(text.contains(&format!("cifpool_build_info{{version=\"{version}\",git_sha=\"")), "{text}");
-    for line in [
+    let expected = [
         "cifpool_ready 1",
         "cifpool_db_pool_connections{state=\"idle\"}",
         "cifpool_db_pool_connections{state=\"in_use\"}",
@@ -241,7 +230,20 @@ async fn metrics_show_the_build_readiness_process_and_database_pool() {
         "process_cpu_seconds_total",
         "process_open_fds",
         "# HELP cifpool_provider_pod_share",
-    ] {
+    ];
+    // The pool probe records its first acquire about a second after start, the provider gauges come
+    // with the first budget sync: poll until all are there, with a deadline.
+    let by = std::time::Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let text = reqwest::get(format!("{}/metrics", serve.base)).await.unwrap().text().await.unwrap();
+        if expected.iter().all(|line| text.contains(line)) || std::time::Instant::now() > by {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    serve.stop().await;
+    assert!(text.contains(&format!("cifpool_build_info{{version=\"{version}\",git_sha=\"")), "{text}");
+    for line in expected {
         assert!(text.contains(line), "{line:?} missing from /metrics");
     }
 }
