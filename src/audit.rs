@@ -15,20 +15,29 @@ use sqlx::PgPool;
 pub struct Actor {
     /// An API key's name, `bootstrap` (the admin token) or `system` (schedules and sweeps).
     pub name: String,
-    /// The request's `X-Request-Id`, when the action came over HTTP.
+    /// The service's own id of the request that carried the action (a fresh UUID per request, never
+    /// the caller's), when it came over HTTP.
     pub request_id: Option<String>,
+    /// What the caller sent as `X-Request-Id`, if anything acceptable: its own correlation id, kept
+    /// beside the service's and trusted for nothing.
+    pub client_request_id: Option<String>,
 }
 
 impl Actor {
+    /// `name` acting outside any HTTP request (no request ids).
+    pub fn named(name: impl Into<String>) -> Actor {
+        Actor { name: name.into(), request_id: None, client_request_id: None }
+    }
+
     /// The service itself: scheduled refills and reclaims, the sweeper.
     pub fn system() -> Actor {
-        Actor { name: SYSTEM.into(), request_id: None }
+        Actor { name: SYSTEM.into(), request_id: None, client_request_id: None }
     }
 
     /// An operator at the command line (`cifpool keys …`): recorded as `cli` plus the OS user.
     pub fn cli() -> Actor {
         let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-        Actor { name: format!("cli:{user}"), request_id: None }
+        Actor { name: format!("cli:{user}"), request_id: None, client_request_id: None }
     }
 }
 
@@ -100,8 +109,10 @@ pub fn audited(statement: &str, insert: &str, result: &str) -> String {
 pub struct Columns<'a> {
     /// The actor's name.
     pub actor: &'a str,
-    /// The request id.
+    /// The service's request id.
     pub request_id: &'a str,
+    /// The caller's own request id.
+    pub client_request_id: &'a str,
     /// The pool's name.
     pub pool: &'a str,
     /// The code.
@@ -119,6 +130,7 @@ impl Default for Columns<'_> {
         Columns {
             actor: "NULL",
             request_id: "NULL",
+            client_request_id: "NULL",
             pool: "NULL",
             cif: "NULL",
             holder: "NULL",
@@ -130,10 +142,11 @@ impl Default for Columns<'_> {
 
 /// `INSERT INTO audit_events … SELECT '{action}', {columns} FROM {from}`: one row per row of `from`.
 pub fn insert_from(action: &str, columns: &Columns<'_>, from: &str) -> String {
-    let Columns { actor, request_id, pool, cif, holder, customer_ref, detail } = columns;
+    let Columns { actor, request_id, client_request_id, pool, cif, holder, customer_ref, detail } = columns;
     format!(
-        "INSERT INTO audit_events (action, actor, request_id, pool, cif, holder, customer_ref, detail) \
-         SELECT '{action}', {actor}, {request_id}, {pool}, {cif}, {holder}, {customer_ref}, {detail} FROM {from}"
+        "INSERT INTO audit_events (action, actor, request_id, client_request_id, pool, cif, holder, customer_ref, \
+         detail) SELECT '{action}', {actor}, {request_id}, {client_request_id}, {pool}, {cif}, {holder}, \
+         {customer_ref}, {detail} FROM {from}"
     )
 }
 
@@ -153,11 +166,13 @@ pub struct Event<'a> {
 /// Appends `event` by `actor` on `conn` (the transaction making the change).
 pub async fn record(conn: &mut sqlx::PgConnection, actor: &Actor, event: &Event<'_>) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO audit_events (action, actor, request_id, pool, cif, detail) VALUES ($1, $2, $3, $4, $5, $6)",
+        "INSERT INTO audit_events (action, actor, request_id, client_request_id, pool, cif, detail) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(event.action)
     .bind(&actor.name)
     .bind(&actor.request_id)
+    .bind(&actor.client_request_id)
     .bind(event.pool)
     .bind(event.cif)
     .bind(&event.detail)
@@ -177,8 +192,11 @@ pub struct AuditEvent {
     pub action: String,
     /// Key name, `bootstrap` or `system`.
     pub actor: String,
-    /// `X-Request-Id` of the request that made the change.
+    /// The service's id of the request that made the change (as in its `X-Request-Id` answer and
+    /// the access log).
     pub request_id: Option<String>,
+    /// What that request's caller sent as `X-Request-Id`, if anything.
+    pub client_request_id: Option<String>,
     /// Pool concerned.
     pub pool: Option<String>,
     /// Code concerned.
@@ -261,7 +279,7 @@ pub struct AuditPage {
 pub async fn search(db: &PgPool, q: &AuditQuery) -> Result<AuditPage, sqlx::Error> {
     let limit = q.limit.unwrap_or(100).clamp(1, MAX_PAGE);
     let mut events: Vec<AuditEvent> = sqlx::query_as(
-        "SELECT id, at, action, actor, request_id, pool, cif, holder, customer_ref, detail FROM audit_events \
+        "SELECT id, at, action, actor, request_id, client_request_id, pool, cif, holder, customer_ref, detail FROM audit_events \
          WHERE ($1::text IS NULL OR cif = $1) AND ($2::text IS NULL OR customer_ref = $2) \
            AND ($3::text IS NULL OR actor = $3) AND ($4::text IS NULL OR action = $4) \
            AND ($5::timestamptz IS NULL OR at >= $5) AND ($6::timestamptz IS NULL OR at < $6) \
@@ -299,8 +317,9 @@ mod tests {
         assert_eq!(
             sql,
             "WITH done AS (UPDATE cif_codes SET state = 'available' RETURNING code), audit AS (INSERT INTO \
-             audit_events (action, actor, request_id, pool, cif, holder, customer_ref, detail) SELECT \
-             'cif.released', $5, NULL, NULL, done.code, NULL, NULL, NULL FROM done) SELECT code FROM done"
+             audit_events (action, actor, request_id, client_request_id, pool, cif, holder, customer_ref, \
+             detail) SELECT 'cif.released', $5, NULL, NULL, NULL, done.code, NULL, NULL, NULL FROM done) SELECT \
+             code FROM done"
         );
     }
 }

@@ -5,6 +5,10 @@
 //! Secrets that name no key are remembered apart, in a cache of their own: a flood of made-up secrets
 //! evicts only other made-up secrets, never a real key, so it cannot turn every real request into a
 //! database look-up. Both caches are bounded and evict one entry at a time.
+//!
+//! A client address that has used up its failed attempts is served only for keys this pod already
+//! knows ([`LookUp::KnownKeysOnly`]): guesses from it cost no look-up, while the real callers behind
+//! the same address (pods behind one egress NAT, a proxy without `trusted_proxies`) keep working.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -63,9 +67,22 @@ pub enum AuthError {
     /// No usable `Authorization: Bearer` header, or a secret no key has, or a revoked key.
     #[error("missing, unknown or revoked API key")]
     Unauthenticated,
+    /// A secret this pod does not know as a key, when only known keys may be served (429).
+    #[error("only keys this instance already knows are served to this address")]
+    LookUpRefused,
     /// The key could not be looked up.
     #[error(transparent)]
     Database(#[from] sqlx::Error),
+}
+
+/// Which secrets may cost a database look-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookUp {
+    /// Any secret of the key format this pod has no fresh answer for.
+    Any,
+    /// Only a secret this pod has already read as a key (its cached entry may have gone stale, and
+    /// is read again): a guess from an address over its failed-attempt budget costs nothing.
+    KnownKeysOnly,
 }
 
 #[derive(Clone)]
@@ -112,6 +129,11 @@ impl Authenticator {
 
     /// The caller `secret` (the bearer token as presented) authenticates, if any.
     pub async fn authenticate(&self, secret: Option<&str>) -> Result<Caller, AuthError> {
+        self.authenticate_with(secret, LookUp::Any).await
+    }
+
+    /// [`Authenticator::authenticate`], looking up in the database only what `look_up` allows.
+    pub async fn authenticate_with(&self, secret: Option<&str>, look_up: LookUp) -> Result<Caller, AuthError> {
         if !self.enforce {
             return Ok(Caller {
                 name: "unauthenticated".into(),
@@ -137,6 +159,9 @@ impl Authenticator {
         let digest = api_key::digest(secret);
         let caller = match self.cached(&digest) {
             Some(hit) => hit,
+            None if look_up == LookUp::KnownKeysOnly && self.keys.peek(&digest).is_none() => {
+                return Err(AuthError::LookUpRefused);
+            }
             None => self.fetch(digest).await?,
         };
         let caller = caller.ok_or(AuthError::Unauthenticated)?;

@@ -18,7 +18,8 @@ const SWEEP_BATCH: i64 = 1000;
 /// them).
 pub(crate) const IDEMPOTENCY_RETENTION_HOURS: i64 = 24;
 
-/// Binds: `$1` batch, `$2` pool id (`NULL`: every pool); audit rows: actor `$3`, request id `$4`.
+/// Binds: `$1` batch, `$2` pool id (`NULL`: every pool); audit rows: actor `$3`, request id `$4`,
+/// client request id `$5`.
 static SWEEP: LazyLock<String> = LazyLock::new(|| {
     let sweep = CODES.sweep_sql(
         RESERVED,
@@ -31,6 +32,7 @@ static SWEEP: LazyLock<String> = LazyLock::new(|| {
     let columns = Columns {
         actor: "$3",
         request_id: "$4",
+        client_request_id: "$5",
         pool: "(SELECT name FROM cif_pools WHERE id = done.pool_id)",
         cif: "code",
         holder: "holder",
@@ -68,6 +70,7 @@ pub async fn reclaim(
             .bind(only)
             .bind(&actor.name)
             .bind(&actor.request_id)
+            .bind(&actor.client_request_id)
             .fetch_all(db)
             .await?;
         for id in &ids {

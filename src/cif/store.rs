@@ -40,14 +40,21 @@ static RESERVE: LazyLock<String> = LazyLock::new(|| {
         gate: "",
         report: "",
     });
-    let columns =
-        Columns { actor: "$5", request_id: "$6", pool: "$7", cif: "code", holder: "holder", ..Default::default() };
+    let columns = Columns {
+        actor: "$5",
+        request_id: "$6",
+        client_request_id: "$8",
+        pool: "$7",
+        cif: "code",
+        holder: "holder",
+        ..Default::default()
+    };
     audited(&claim, &insert_from(action::CIF_RESERVED, &columns, "done"), "code, lease_token, lease_expires_at")
 });
 
 /// Claim up to `$1` codes of pool `$3` at once, one per waiting reservation: the i-th claimed row (in
-/// claim order) goes to the i-th element of the holder `$4`, actor `$5` and request id `$6` arrays,
-/// with one audit row each (pool name `$7`). Returns each row's 1-based request index `rn`.
+/// claim order) goes to the i-th element of the holder `$4`, actor `$5`, request id `$6` and client
+/// request id `$8` arrays, with one audit row each (pool name `$7`). Returns each row's 1-based request index `rn`.
 static RESERVE_MANY: LazyLock<String> = LazyLock::new(|| {
     let claim = CODES.claim_sql(&ClaimSpec {
         free: AVAILABLE,
@@ -56,19 +63,21 @@ static RESERVE_MANY: LazyLock<String> = LazyLock::new(|| {
         order_by: "pool_id, counter",
         set: "holder = admitted.holder, reserved_at = now()",
         returning: "t.code, t.lease_token, t.lease_expires_at, t.holder, admitted.rn, admitted.actor, \
-                    admitted.request_id",
+                    admitted.request_id, admitted.client_request_id",
         carry: "",
         gate: "numbered AS ( \
                   SELECT pool_id, counter, row_number() OVER (ORDER BY pool_id, counter) AS rn FROM picked), \
                admitted AS ( \
-                  SELECT n.pool_id, n.counter, r.rn, r.holder, r.actor, r.request_id FROM numbered n \
-                  JOIN unnest($4::text[], $5::text[], $6::text[]) WITH ORDINALITY \
-                       AS r(holder, actor, request_id, rn) ON r.rn = n.rn)",
+                  SELECT n.pool_id, n.counter, r.rn, r.holder, r.actor, r.request_id, r.client_request_id \
+                  FROM numbered n \
+                  JOIN unnest($4::text[], $5::text[], $6::text[], $8::text[]) WITH ORDINALITY \
+                       AS r(holder, actor, request_id, client_request_id, rn) ON r.rn = n.rn)",
         report: "",
     });
     let columns = Columns {
         actor: "actor",
         request_id: "request_id",
+        client_request_id: "client_request_id",
         pool: "$7",
         cif: "code",
         holder: "holder",
@@ -96,6 +105,7 @@ pub async fn reserve_many(
     let holders: Vec<Option<&str>> = requests.iter().map(|r| r.holder.as_deref()).collect();
     let actors: Vec<&str> = requests.iter().map(|r| r.actor.name.as_str()).collect();
     let request_ids: Vec<Option<&str>> = requests.iter().map(|r| r.actor.request_id.as_deref()).collect();
+    let client_request_ids: Vec<Option<&str>> = requests.iter().map(|r| r.actor.client_request_id.as_deref()).collect();
     let rows = sqlx::query(sqlx::AssertSqlSafe(RESERVE_MANY.as_str()))
         .bind(requests.len() as i64)
         .bind(pool.settings.lease_ttl.as_secs_f64())
@@ -104,6 +114,7 @@ pub async fn reserve_many(
         .bind(&actors)
         .bind(&request_ids)
         .bind(pool.name())
+        .bind(&client_request_ids)
         .fetch_all(db)
         .await?;
     let mut out = vec![None; requests.len()];
@@ -117,19 +128,27 @@ pub async fn reserve_many(
 }
 
 /// The one-statement reservation the API runs, audit row included (binds: `$1` limit, `$2` lease
-/// seconds, `$3` pool id, `$4` holder, `$5` actor, `$6` request id, `$7` pool name), for benchmarks
+/// seconds, `$3` pool id, `$4` holder, `$5` actor, `$6` request id, `$7` pool name, `$8` the
+/// caller's own request id), for benchmarks
 /// that compare the service with the same raw SQL.
 pub fn reserve_sql() -> &'static str {
     RESERVE.as_str()
 }
 
 /// The reservation idempotency key `$1` of caller `$2` produced, with a `cif.replayed` row (actor `$2`,
-/// request id `$3`, pool name `$4`, holder `$5`) when it belongs to pool `$6`. Keys are the caller's
+/// request id `$3`, pool name `$4`, holder `$5`, client request id `$7`) when it belongs to pool `$6`. Keys are the caller's
 /// own: another caller's same key is not found; nor is a key older than the retention window, even
 /// before reclaim has deleted it.
 static REPLAY: LazyLock<String> = LazyLock::new(|| {
-    let columns =
-        Columns { actor: "$2", request_id: "$3", pool: "$4", cif: "code", holder: "$5", ..Default::default() };
+    let columns = Columns {
+        actor: "$2",
+        request_id: "$3",
+        client_request_id: "$7",
+        pool: "$4",
+        cif: "code",
+        holder: "$5",
+        ..Default::default()
+    };
     audited(
         &format!(
             "SELECT pool_id, code, lease_token, lease_expires_at FROM cif_idempotency \
@@ -141,7 +160,8 @@ static REPLAY: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Move a held code to `cif_issued`, fenced by its token: `$1` token, `$2` pool, `$3` counter, `$4`
-/// ref; audit row: actor `$5`, request id `$6`, pool name `$7`, holder `$8` (else the hold's).
+/// ref; audit row: actor `$5`, request id `$6`, pool name `$7`, holder `$8` (else the hold's), client
+/// request id `$9`.
 static CONFIRM: LazyLock<String> = LazyLock::new(|| {
     let gone = CODES.fenced_delete_sql(
         RESERVED,
@@ -151,6 +171,7 @@ static CONFIRM: LazyLock<String> = LazyLock::new(|| {
     let columns = Columns {
         actor: "$5",
         request_id: "$6",
+        client_request_id: "$9",
         pool: "$7",
         cif: "code",
         holder: "coalesce($8, holder)",
@@ -169,7 +190,7 @@ static CONFIRM: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Binds: `$1` token, `$2` pool, `$3` counter; audit row: actor `$4`, request id `$5`, pool name `$6`,
-/// holder `$7`.
+/// holder `$7`, client request id `$8`.
 static RELEASE: LazyLock<String> = LazyLock::new(|| {
     let release = CODES.fenced_update_sql(
         RESERVED,
@@ -177,18 +198,26 @@ static RELEASE: LazyLock<String> = LazyLock::new(|| {
         "state = 'available', lease_token = NULL, lease_expires_at = NULL, holder = NULL, reserved_at = NULL",
         Some("code"),
     );
-    let columns =
-        Columns { actor: "$4", request_id: "$5", pool: "$6", cif: "code", holder: "$7", ..Default::default() };
+    let columns = Columns {
+        actor: "$4",
+        request_id: "$5",
+        client_request_id: "$8",
+        pool: "$6",
+        cif: "code",
+        holder: "$7",
+        ..Default::default()
+    };
     audited(&release, &insert_from(action::CIF_RELEASED, &columns, "done"), "code")
 });
 
 /// Binds: `$1` token, `$2` lease seconds, `$3` pool, `$4` counter; audit row: actor `$5`, request id
-/// `$6`, pool name `$7`, holder `$8` (else the hold's).
+/// `$6`, pool name `$7`, holder `$8` (else the hold's), client request id `$9`.
 static EXTEND: LazyLock<String> = LazyLock::new(|| {
     let extend = CODES.extend_sql(RESERVED, "pool_id = $3 AND counter = $4", "code, holder, lease_expires_at");
     let columns = Columns {
         actor: "$5",
         request_id: "$6",
+        client_request_id: "$9",
         pool: "$7",
         cif: "code",
         holder: "coalesce($8, holder)",
@@ -247,6 +276,7 @@ pub async fn reserve(
             .bind(&actor.name)
             .bind(&actor.request_id)
             .bind(pool.name())
+            .bind(&actor.client_request_id)
     };
     let Some(key) = idempotency_key else {
         // The common path: one autocommit statement.
@@ -303,6 +333,7 @@ async fn replay(
         .bind(pool.name())
         .bind(holder)
         .bind(pool.id)
+        .bind(&actor.client_request_id)
         .fetch_optional(db)
         .await?;
     Ok(row.map(|r| {
@@ -370,6 +401,7 @@ pub async fn confirm(
         .bind(&by.actor.request_id)
         .bind(pool.name())
         .bind(by.holder)
+        .bind(&by.actor.client_request_id)
         .fetch_optional(db)
         .await?;
     if let Some(at) = done {
@@ -400,6 +432,7 @@ pub async fn release(db: &PgPool, pool: &Pool, counter: i64, token: Uuid, by: By
         .bind(&by.actor.request_id)
         .bind(pool.name())
         .bind(by.holder)
+        .bind(&by.actor.client_request_id)
         .fetch_optional(db)
         .await?;
     Ok(if done.is_some() { Fenced::Done } else { Fenced::LeaseLost })
@@ -422,6 +455,7 @@ pub async fn extend(
         .bind(&by.actor.request_id)
         .bind(pool.name())
         .bind(by.holder)
+        .bind(&by.actor.client_request_id)
         .fetch_optional(db)
         .await
 }

@@ -111,8 +111,8 @@ impl FromRequestParts<AppState> for Operator {
         if let Some(slot) = parts.extensions.get::<crate::http::observe::CallerName>() {
             slot.set(session.actor_name.as_str().into());
         }
-        let request_id = parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string);
-        Ok(Operator { actor: Actor { name: session.actor_name.clone(), request_id }, session })
+        let actor = crate::http::observe::actor_of_request(&parts.extensions, session.actor_name.clone());
+        Ok(Operator { actor, session })
     }
 }
 

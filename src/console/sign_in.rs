@@ -13,6 +13,7 @@ use crate::auth::authenticator::{AuthError, BOOTSTRAP};
 use crate::console::extract::{Action, ConsoleError, Operator, parse_form, render, same_origin};
 use crate::console::session::{self, Credential};
 use crate::http::limits::ClientAddr;
+use crate::http::observe::RequestIds;
 use crate::state::AppState;
 
 /// The sign-in page (or, with a live session already, the Pools page).
@@ -43,12 +44,14 @@ struct SignInForm {
 pub async fn sign_in(
     State(state): State<AppState>,
     client: Option<Extension<ClientAddr>>,
+    ids: Option<Extension<RequestIds>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     same_origin(&headers)?;
     let client = client.map_or(ClientAddr(None), |Extension(c)| c);
-    let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let ids = ids.map(|Extension(ids)| ids);
+    let actor_named = |name: &str| ids.as_ref().map_or_else(|| Actor::named(name), |ids| ids.actor(name));
     if state.limits.check_address(client.0).is_err() {
         tracing::warn!(%client, "console sign-in refused: too many failed attempts from this address");
         let problem = "Too many failed sign-ins from this address. Wait a minute and try again.";
@@ -56,7 +59,7 @@ pub async fn sign_in(
     }
     let form: SignInForm = parse_form(&body)?;
     let refused = |actor: &str, why: &'static str| {
-        let actor = Actor { name: actor.to_string(), request_id: request_id.clone() };
+        let actor = actor_named(actor);
         let detail = serde_json::json!({ "client": client.to_string(), "reason": why });
         let (db, event) = (
             state.db.clone(),
@@ -70,7 +73,8 @@ pub async fn sign_in(
     };
     let caller = match state.auth.authenticate(Some(form.key.trim())).await {
         Ok(caller) => caller,
-        Err(AuthError::Unauthenticated) => {
+        // Every secret may be looked up here (the address was checked above), so no look-up is refused.
+        Err(AuthError::Unauthenticated | AuthError::LookUpRefused) => {
             tracing::warn!(%client, "console sign-in refused: unknown or revoked key");
             state.limits.note_failure(client.0);
             refused(audit::ANONYMOUS, "unknown or revoked key").await?;
@@ -90,7 +94,7 @@ pub async fn sign_in(
     } else {
         Credential::Key(caller.name.to_string())
     };
-    let actor = Actor { name: credential.actor_name().to_string(), request_id };
+    let actor = actor_named(credential.actor_name());
     let console = &state.settings.console;
     let mut tx = state.db.begin().await?;
     let token = session::open(&mut tx, &credential, console.session_ttl).await?;

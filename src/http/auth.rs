@@ -11,7 +11,7 @@ use axum::http::header;
 use axum::http::request::Parts;
 
 use crate::audit::Actor;
-use crate::auth::authenticator::AuthError;
+use crate::auth::authenticator::{AuthError, LookUp};
 use crate::auth::{Caller, Scope};
 use crate::http::error::ApiError;
 use crate::http::limits::ClientAddr;
@@ -63,16 +63,18 @@ impl<S: Needs> FromRequestParts<AppState> for Authorized<S> {
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
             .map(str::trim);
         let client = parts.extensions.get::<ClientAddr>().and_then(|c| c.0);
-        if let Err(wait) = state.limits.check_address(client) {
-            return Err(ApiError::TooManyRequests {
+        // An address over its failed-attempt budget is still served for the keys this pod knows, so
+        // one guesser does not lock out the real callers that share its address.
+        let throttled = state.limits.check_address(client).err();
+        let look_up = if throttled.is_some() { LookUp::KnownKeysOnly } else { LookUp::Any };
+        let presented = secret.is_some_and(|s| !s.is_empty());
+        let caller = state.auth.authenticate_with(secret, look_up).await.map_err(|e| match e {
+            AuthError::LookUpRefused => ApiError::TooManyRequests {
                 detail: "too many failed authentications from this address (security.failed_auth_per_minute); \
                          retry after the Retry-After delay"
                     .into(),
-                retry_after_secs: wait.as_secs().max(1),
-            });
-        }
-        let presented = secret.is_some_and(|s| !s.is_empty());
-        let caller = state.auth.authenticate(secret).await.map_err(|e| match e {
+                retry_after_secs: throttled.map_or(1, |wait| wait.as_secs().max(1)),
+            },
             AuthError::Unauthenticated => {
                 // Only a credential that was presented and refused is a guess; a request without one
                 // costs no look-up and proves nothing.
@@ -97,8 +99,7 @@ impl<S: Needs> FromRequestParts<AppState> for Authorized<S> {
         if !caller.has(S::SCOPE) {
             return Err(ApiError::Forbidden(format!("this API key lacks the {} scope", S::SCOPE)));
         }
-        let request_id = parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string);
-        let actor = Actor { name: caller.name.to_string(), request_id };
+        let actor = crate::http::observe::actor_of_request(&parts.extensions, caller.name.to_string());
         Ok(Authorized { caller, actor, _needs: PhantomData })
     }
 }

@@ -18,7 +18,6 @@ use axum::middleware;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 use tower_http::limit::RequestBodyLimitLayer;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
@@ -29,11 +28,9 @@ use error::ApiError;
 pub fn app(state: AppState) -> Router {
     let server = &state.settings.server;
     let middleware = ServiceBuilder::new()
-        .layer(middleware::from_fn(observe::sanitize_request_id))
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(middleware::from_fn(observe::assign_request_id))
         // The access line is observe::record's, at info; tower-http's own events stay off.
         .layer(TraceLayer::new_for_http().make_span_with(observe::request_span).on_response(()).on_failure(()))
-        .layer(PropagateRequestIdLayer::x_request_id())
         .layer(middleware::from_fn_with_state(state.clone(), observe::record))
         .layer(middleware::map_response(error::problem_for_plain_errors));
     let ordinary = Router::new()

@@ -1,20 +1,22 @@
-//! What each request leaves behind: a request id (the client's if it is short and printable, else a
-//! new one), a span continuing the caller's W3C `traceparent`, the request metrics by route template,
-//! and one access-log line at `info` naming the client's address.
+//! What each request leaves behind: the service's own request id (a fresh UUID, with the caller's
+//! `X-Request-Id` kept beside it when it is short and printable), a span continuing the caller's W3C
+//! `traceparent`, the request metrics by route template, and one access-log line at `info` naming the
+//! client's address.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
-use axum::http::HeaderValue;
+use axum::http::{Extensions, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
 
+use crate::audit::Actor;
 use crate::http::limits::{ClientAddr, client_address};
 use crate::state::AppState;
 
-/// Longest client-supplied `x-request-id` kept; longer ones are replaced.
+/// Longest client-supplied `x-request-id` kept; longer ones are dropped.
 pub const MAX_REQUEST_ID_LEN: usize = 64;
 
 /// Where authentication leaves the caller's key name for the access log (the log line is written
@@ -36,18 +38,60 @@ pub fn acceptable_request_id(value: &HeaderValue) -> bool {
     !bytes.is_empty() && bytes.len() <= MAX_REQUEST_ID_LEN && bytes.iter().all(|b| b.is_ascii_graphic())
 }
 
-/// Drops a client's `x-request-id` that is not acceptable, so the next layer generates a new one.
-pub async fn sanitize_request_id(mut req: Request, next: Next) -> Response {
-    if req.headers().get("x-request-id").is_some_and(|v| !acceptable_request_id(v)) {
-        req.headers_mut().remove("x-request-id");
+/// The two ids of a request: the service's own, which no caller chooses (so an audit row's request
+/// id names one request only), and the caller's `X-Request-Id` for its own correlation.
+#[derive(Debug, Clone)]
+pub struct RequestIds {
+    /// A fresh UUID: the request's `x-request-id` inside the service and in its answer.
+    pub service: String,
+    /// The caller's acceptable `X-Request-Id`, echoed as `x-client-request-id`.
+    pub client: Option<String>,
+}
+
+impl RequestIds {
+    /// `name` acting through this request.
+    pub fn actor(&self, name: impl Into<String>) -> Actor {
+        Actor { name: name.into(), request_id: Some(self.service.clone()), client_request_id: self.client.clone() }
     }
-    next.run(req).await
+}
+
+/// `name` acting through the request whose extensions are `extensions` (no request ids outside the
+/// HTTP stack, as in a handler called directly).
+pub fn actor_of_request(extensions: &Extensions, name: impl Into<String>) -> Actor {
+    match extensions.get::<RequestIds>() {
+        Some(ids) => ids.actor(name),
+        None => Actor::named(name),
+    }
+}
+
+/// Gives the request the service's own id (replacing any `x-request-id` the caller sent, which is
+/// kept as [`RequestIds::client`] when acceptable and dropped otherwise), and puts both in the answer:
+/// `x-request-id` (the service's) and `x-client-request-id` (the caller's, when kept).
+pub async fn assign_request_id(mut req: Request, next: Next) -> Response {
+    let client = req.headers_mut().remove("x-request-id").filter(acceptable_request_id);
+    let service = uuid::Uuid::new_v4().hyphenated().to_string();
+    let service_header = HeaderValue::from_str(&service).ok();
+    if let Some(value) = &service_header {
+        req.headers_mut().insert("x-request-id", value.clone());
+    }
+    let client_id = client.as_ref().and_then(|v| v.to_str().ok()).map(str::to_string);
+    req.extensions_mut().insert(RequestIds { service, client: client_id });
+    let mut response = next.run(req).await;
+    if let Some(value) = service_header {
+        response.headers_mut().insert("x-request-id", value);
+    }
+    if let Some(value) = client {
+        response.headers_mut().insert("x-client-request-id", value);
+    }
+    response
 }
 
 /// The request's span: route template rather than raw path (so traces group by endpoint), its request
 /// id, and the caller's trace as parent.
 pub fn request_span(req: &Request) -> tracing::Span {
-    let request_id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let ids = req.extensions().get::<RequestIds>();
+    let request_id = ids.map_or("", |ids| ids.service.as_str());
+    let client_request_id = ids.and_then(|ids| ids.client.as_deref()).unwrap_or("");
     let route = req.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str());
     let span = tracing::info_span!(
         "request",
@@ -57,13 +101,14 @@ pub fn request_span(req: &Request) -> tracing::Span {
         http.route = route,
         http.response.status_code = tracing::field::Empty,
         request_id,
+        client_request_id,
     );
     crate::telemetry::traces::continue_from(&span, req.headers());
     span
 }
 
 /// Counts and times the request by route template (raw paths would explode cardinality) and writes
-/// the access-log line: method, route, status, latency, request id, the client's address and the
+/// the access-log line: method, route, status, latency, both request ids, the client's address and the
 /// caller's key name. Puts the client's address ([`ClientAddr`]) in the request for the handlers.
 pub async fn record(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let peer = req.extensions().get::<ConnectInfo<SocketAddr>>();
@@ -72,7 +117,9 @@ pub async fn record(State(state): State<AppState>, mut req: Request, next: Next)
     let route =
         req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_owned());
     let method = req.method().clone();
-    let request_id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let ids = req.extensions().get::<RequestIds>();
+    let request_id = ids.map_or_else(String::new, |ids| ids.service.clone());
+    let client_request_id = ids.and_then(|ids| ids.client.clone()).unwrap_or_default();
     let caller = CallerName::default();
     req.extensions_mut().insert(caller.clone());
     let started = Instant::now();
@@ -93,6 +140,7 @@ pub async fn record(State(state): State<AppState>, mut req: Request, next: Next)
         status,
         latency_ms = (elapsed.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0,
         request_id = %request_id,
+        client_request_id = %client_request_id,
         client = %client,
         key,
         "{method} {route} {status}"

@@ -42,6 +42,7 @@ static CANCEL_ONE: LazyLock<String> = LazyLock::new(|| {
     let columns = Columns {
         actor: "$2",
         request_id: "$3",
+        client_request_id: "$4",
         detail: "jsonb_build_object('job', id, 'tenant', tenant, 'class', class)",
         ..Columns::default()
     };
@@ -54,6 +55,7 @@ pub async fn cancel_job(db: &PgPool, id: i64, actor: &Actor) -> Result<Canceled,
         .bind(id)
         .bind(&actor.name)
         .bind(&actor.request_id)
+        .bind(&actor.client_request_id)
         .fetch_optional(db)
         .await?;
     let Some(view) = store::get_job(db, id).await? else { return Ok(Canceled::NotFound) };
@@ -144,6 +146,7 @@ static CANCEL_CHUNK_SQL: LazyLock<String> = LazyLock::new(|| {
     let columns = Columns {
         actor: "$4",
         request_id: "$5",
+        client_request_id: "$6",
         detail: "jsonb_build_object('batch', $3::int8, 'canceled', count(*))",
         ..Columns::default()
     };
@@ -164,6 +167,7 @@ pub async fn cancel_batch(db: &PgPool, batch: &Batch, actor: &Actor) -> Result<u
             .bind(batch.id)
             .bind(&actor.name)
             .bind(&actor.request_id)
+            .bind(&actor.client_request_id)
             .fetch_one(db)
             .await?;
         total += n as u64;

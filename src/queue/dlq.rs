@@ -160,6 +160,7 @@ static REPLAY: LazyLock<String> = LazyLock::new(|| {
     let columns = Columns {
         actor: "$7",
         request_id: "$8",
+        client_request_id: "$9",
         detail: "jsonb_build_object('replayed', count(*), 'max', $1::int8, 'class', $2::text, 'tenant', $3::text, \
                  'error', $4::text, 'extra_attempts', $5::int4, 'rate_per_sec', $6::float8)",
         ..Columns::default()
@@ -180,6 +181,7 @@ pub async fn replay(db: &PgPool, req: &Replay, actor: &Actor) -> Result<u64, sql
         .bind(req.rate_per_sec)
         .bind(&actor.name)
         .bind(&actor.request_id)
+        .bind(&actor.client_request_id)
         .fetch_one(db)
         .await?;
     Ok(replayed as u64)
@@ -206,6 +208,7 @@ static RETRY_ONE: LazyLock<String> = LazyLock::new(|| {
     let columns = Columns {
         actor: "$3",
         request_id: "$4",
+        client_request_id: "$5",
         detail: "jsonb_build_object('job', id, 'extra_attempts', $2::int4)",
         ..Columns::default()
     };
@@ -219,8 +222,13 @@ static DISCARD_ONE: LazyLock<String> = LazyLock::new(|| {
         discarded = JobStatus::Discarded.sql(),
         dead = JobStatus::Dead.sql()
     );
-    let columns =
-        Columns { actor: "$2", request_id: "$3", detail: "jsonb_build_object('job', id)", ..Columns::default() };
+    let columns = Columns {
+        actor: "$2",
+        request_id: "$3",
+        client_request_id: "$4",
+        detail: "jsonb_build_object('job', id)",
+        ..Columns::default()
+    };
     audited(&discard, &insert_from(action::DLQ_DISCARDED, &columns, "done"), "id")
 });
 
@@ -242,6 +250,7 @@ pub async fn retry_one(
         .bind(extra_attempts)
         .bind(&actor.name)
         .bind(&actor.request_id)
+        .bind(&actor.client_request_id)
         .fetch_optional(db)
         .await?;
     outcome(db, id, done).await
@@ -254,6 +263,7 @@ pub async fn discard_one(db: &PgPool, id: i64, actor: &Actor) -> Result<DeadLett
         .bind(id)
         .bind(&actor.name)
         .bind(&actor.request_id)
+        .bind(&actor.client_request_id)
         .fetch_optional(db)
         .await?;
     outcome(db, id, done).await

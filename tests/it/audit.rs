@@ -42,6 +42,7 @@ async fn a_cifs_life_from_reserve_to_confirm_is_in_the_trail() {
         .send()
         .await
         .unwrap();
+    let reserve_id = r.headers()["x-request-id"].to_str().unwrap().to_string();
     let held: Value = r.json().await.unwrap();
     let cif = held["cif"].as_str().unwrap().to_string();
     let token = json!({ "reservation_token": held["reservation_token"] });
@@ -63,7 +64,8 @@ async fn a_cifs_life_from_reserve_to_confirm_is_in_the_trail() {
         assert_eq!(e["pool"], "individual");
         assert_eq!(e["holder"], "pod-a", "the hold's holder: {e}");
     }
-    assert_eq!(events[2]["request_id"], "req-reserve");
+    assert_eq!(events[2]["request_id"], reserve_id.as_str(), "the service's own id, as in the answer");
+    assert_eq!(events[2]["client_request_id"], "req-reserve");
     assert_eq!(events[0]["customer_ref"], "crm-42");
     assert!(events[1]["detail"]["lease_expires_at"].is_string());
     let by_ref = trail(&app, "customer_ref=crm-42").await;
@@ -197,4 +199,42 @@ async fn the_trail_cannot_be_rewritten_and_pages_newest_first() {
         let r = admin.get(app.url(&format!("/admin/audit?{bad}"))).send().await.unwrap();
         common::assert_problem(r, 400).await;
     }
+}
+
+#[tokio::test]
+async fn a_callers_request_id_is_kept_beside_the_services_own_and_cannot_be_shared() {
+    let db = fresh_database().await;
+    let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
+    fill(&app).await;
+    // Two callers that number their requests the same way, and one that copies the other's id.
+    let other = client_with_key(&common::create_key(&db.pool, &[cifpool::auth::Scope::CifReserve], None).await);
+    let mut answers = Vec::new();
+    for client in [&app.client, &other] {
+        let r = client
+            .post(app.url("/v1/cif"))
+            .header("x-request-id", "application-1001")
+            .json(&json!({ "customer_type": "individual" }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        assert_eq!(r.headers()["x-client-request-id"], "application-1001", "the caller's id is echoed");
+        let service_id = r.headers()["x-request-id"].to_str().unwrap().to_string();
+        assert!(uuid::Uuid::parse_str(&service_id).is_ok(), "the service's own id: {service_id:?}");
+        let cif = r.json::<Value>().await.unwrap()["cif"].as_str().unwrap().to_string();
+        answers.push((service_id, cif));
+    }
+    assert_ne!(answers[0].0, answers[1].0, "each request gets an id of its own");
+    for (service_id, cif) in &answers {
+        let events = trail(&app, &format!("cif={cif}")).await;
+        assert_eq!(actions(&events), ["cif.reserved"]);
+        assert_eq!(events[0]["request_id"], service_id.as_str(), "{events:#?}");
+        assert_eq!(events[0]["client_request_id"], "application-1001");
+    }
+    // No id from the caller: none is recorded as the caller's.
+    let r = app.client.post(app.url("/v1/cif")).json(&json!({ "customer_type": "individual" })).send().await.unwrap();
+    assert!(!r.headers().contains_key("x-client-request-id"));
+    let cif = r.json::<Value>().await.unwrap()["cif"].as_str().unwrap().to_string();
+    let events = trail(&app, &format!("cif={cif}")).await;
+    assert!(events[0]["request_id"].is_string() && events[0]["client_request_id"].is_null(), "{events:#?}");
 }

@@ -12,7 +12,11 @@ use common::{fresh_database, spawn_passive_app, test_settings_with_pools};
 use serde_json::json;
 
 fn actor(i: usize) -> Actor {
-    Actor { name: format!("caller-{i}"), request_id: Some(format!("req-{i}")) }
+    Actor {
+        name: format!("caller-{i}"),
+        request_id: Some(format!("req-{i}")),
+        client_request_id: Some(format!("client-{i}")),
+    }
 }
 
 #[tokio::test]
@@ -36,16 +40,22 @@ async fn one_statement_reserves_for_many_each_with_its_own_holder_token_and_audi
                 .await
                 .unwrap();
         assert_eq!((holder.as_deref(), token), (Some(format!("pod-{i}").as_str()), r.reservation_token));
-        let (actor, request_id, audit_holder): (String, Option<String>, Option<String>) = sqlx::query_as(
-            "SELECT actor, request_id, holder FROM audit_events WHERE action = 'cif.reserved' AND cif = $1",
+        let (actor, request_id, client_request_id, audit_holder): (
+            String,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+        ) = sqlx::query_as(
+            "SELECT actor, request_id, client_request_id, holder FROM audit_events \
+             WHERE action = 'cif.reserved' AND cif = $1",
         )
         .bind(&r.cif)
         .fetch_one(&db.pool)
         .await
         .unwrap();
         assert_eq!(
-            (actor, request_id, audit_holder),
-            (format!("caller-{i}"), Some(format!("req-{i}")), Some(format!("pod-{i}")))
+            (actor, request_id, client_request_id, audit_holder),
+            (format!("caller-{i}"), Some(format!("req-{i}")), Some(format!("client-{i}")), Some(format!("pod-{i}")))
         );
     }
 

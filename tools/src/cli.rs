@@ -201,6 +201,7 @@ mod tests {
                 duration: 5,
                 timeout: 30,
                 no_progress: true,
+                guess_keys: true,
             },
             ReserveLoad {
                 url: "http://127.0.0.1:4321/v1/cif".into(),
@@ -209,6 +210,7 @@ mod tests {
                 duration: 2,
                 timeout: 7,
                 no_progress: false,
+                guess_keys: false,
             },
         ];
         for run in runs {

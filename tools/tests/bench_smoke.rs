@@ -27,6 +27,7 @@ async fn reserve_and_refill_write_json_with_positive_figures() {
     args.concurrency = vec![1, 4];
     args.rate = 200.0;
     args.auth_concurrency = 2;
+    args.guessing_clients = 4;
     args.raw = RawMode::Auto;
     // The test harness has no `bench-client`: the load generator is the tools binary Cargo built.
     args.client_bin = Some(env!("CARGO_BIN_EXE_cifpool-tools").into());
@@ -61,6 +62,12 @@ async fn reserve_and_refill_write_json_with_positive_figures() {
     let fixed = &json["results"]["fixed_rate"];
     positive(&fixed["achieved_rate"], "fixed-rate achieved");
     positive(&fixed["latency"]["p99_ms"], "fixed-rate p99");
+    let guessing = &json["results"]["under_guessing"];
+    positive(&guessing["fixed_rate"]["achieved_rate"], "fixed rate under guessing");
+    positive(&guessing["guesses_per_s"], "guesses answered");
+    let answers = guessing["guess_answers"].as_object().unwrap();
+    assert!(!answers.is_empty() && answers.keys().all(|s| s == "401" || s == "429"), "{guessing}");
+    assert!(json["notes"].as_array().unwrap().iter().all(|n| !n.as_str().unwrap().contains("accepted")), "{json}");
 
     let mut args = BenchArgs::new(Target::Refill);
     args.out = out.path().to_path_buf();

@@ -67,6 +67,10 @@ pub struct ReserveLoad {
     /// Per-request timeout, seconds.
     #[arg(long, default_value_t = 30)]
     pub timeout: u64,
+    /// Closed loop only: a caller guessing keys. Every request carries a fresh random `cfp_` bearer
+    /// token instead of the key, and a client sends its next guess as soon as one is refused.
+    #[arg(long, requires = "clients")]
+    pub guess_keys: bool,
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
@@ -85,6 +89,9 @@ impl ReserveLoad {
         args.extend(["--duration".into(), self.duration.to_string(), "--timeout".into(), self.timeout.to_string()]);
         if self.no_progress {
             args.push("--no-progress".into());
+        }
+        if self.guess_keys {
+            args.push("--guess-keys".into());
         }
         args
     }
@@ -119,7 +126,9 @@ pub fn run_child(args: &BenchClientArgs) -> anyhow::Result<()> {
         let client = http_client(&key, Duration::from_secs(load.timeout))?;
         let progress = !load.no_progress;
         anyhow::Ok(match (load.clients, load.rate) {
-            (Some(c), _) => LoadResult::Closed(closed_loop(&client, &load.url, c, load.duration, progress).await),
+            (Some(c), _) => {
+                LoadResult::Closed(closed_loop(&client, &load.url, c, load.duration, load.guess_keys, progress).await)
+            }
             (None, Some(rate)) => LoadResult::Open(open_loop(&client, &load.url, rate, load.duration, progress).await),
             (None, None) => anyhow::bail!("--clients or --rate"),
         })
@@ -182,7 +191,16 @@ impl LoadGenerator {
 
     /// `c` clients in a closed loop against `url` for `secs`; the level's CPU split filled in.
     pub async fn closed(&self, url: &str, c: usize, secs: u64, progress: bool) -> anyhow::Result<ServiceLevel> {
-        let load = self.load(url, Some(c), None, secs, progress);
+        self.closed_loop(self.load(url, Some(c), None, secs, progress)).await
+    }
+
+    /// `c` clients guessing keys against `url` for `secs` (see [`ReserveLoad::guess_keys`]); the
+    /// answers they got are the level's `errors` by status.
+    pub async fn guessing(&self, url: &str, c: usize, secs: u64) -> anyhow::Result<ServiceLevel> {
+        self.closed_loop(ReserveLoad { guess_keys: true, ..self.load(url, Some(c), None, secs, false) }).await
+    }
+
+    async fn closed_loop(&self, load: ReserveLoad) -> anyhow::Result<ServiceLevel> {
         let (result, cpu) = self.run(load).await?;
         let LoadResult::Closed(mut level) = result else {
             anyhow::bail!("the load generator answered an open-loop run")
@@ -210,6 +228,7 @@ impl LoadGenerator {
             duration: secs,
             timeout: self.timeout.as_secs().max(1),
             no_progress: !progress,
+            guess_keys: false,
         }
     }
 
@@ -219,9 +238,9 @@ impl LoadGenerator {
                 let watch = CpuWatch::start();
                 let progress = !load.no_progress;
                 let result = match (load.clients, load.rate) {
-                    (Some(c), _) => {
-                        LoadResult::Closed(closed_loop(&self.client, &load.url, c, load.duration, progress).await)
-                    }
+                    (Some(c), _) => LoadResult::Closed(
+                        closed_loop(&self.client, &load.url, c, load.duration, load.guess_keys, progress).await,
+                    ),
                     (None, rate) => LoadResult::Open(
                         open_loop(&self.client, &load.url, rate.unwrap_or(1.0), load.duration, progress).await,
                     ),
@@ -265,8 +284,13 @@ pub(crate) fn http_client(key: &str, timeout: Duration) -> anyhow::Result<reqwes
 
 const BODY: &str = r#"{"customer_type":"bench"}"#;
 
-async fn send(client: &reqwest::Client, url: &str) -> Result<(), String> {
-    let request = client.post(url).header("content-type", "application/json").header("x-holder", HOLDER).body(BODY);
+/// Sends one reservation; with `guess`, under a made-up key instead of the client's own.
+async fn send(client: &reqwest::Client, url: &str, guess: bool) -> Result<(), String> {
+    let mut request = client.post(url).header("content-type", "application/json").header("x-holder", HOLDER).body(BODY);
+    if guess {
+        // A request's own header wins over the client's default one.
+        request = request.bearer_auth(cifpool::auth::api_key::generate_secret());
+    }
     match request.send().await {
         Ok(resp) => {
             let status = resp.status().as_u16();
@@ -278,12 +302,14 @@ async fn send(client: &reqwest::Client, url: &str) -> Result<(), String> {
     }
 }
 
-/// `c` clients, each sending its next request when the previous one answered, for `secs`.
+/// `c` clients, each sending its next request when the previous one answered, for `secs` (guessing
+/// keys with `guess`).
 pub(crate) async fn closed_loop(
     client: &reqwest::Client,
     url: &str,
     c: usize,
     secs: u64,
+    guess: bool,
     progress: bool,
 ) -> ServiceLevel {
     let bar = super::bar(progress, &format!("service c={c}"), secs, "s");
@@ -301,11 +327,11 @@ pub(crate) async fn closed_loop(
                 if t0 >= deadline {
                     break;
                 }
-                let outcome = send(&client, &url).await;
+                let outcome = send(&client, &url, guess).await;
                 let end = Instant::now();
                 if outcome.is_ok() {
                     done.fetch_add(1, Ordering::Relaxed);
-                } else {
+                } else if !guess {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 tally.record(outcome, end - t0, end - started);
@@ -346,7 +372,7 @@ pub(crate) async fn open_loop(client: &reqwest::Client, url: &str, rate: f64, se
     let scheduled = schedule.calls.unwrap_or_default();
     let all = fixed_rate(schedule, CancellationToken::new(), done, |_| {
         let (client, url) = (client.clone(), url.to_string());
-        async move { send(&client, &url).await }
+        async move { send(&client, &url, false).await }
     })
     .await;
     let seconds = started.elapsed().as_secs_f64();

@@ -105,6 +105,10 @@ pub struct BenchArgs {
     /// --duration); 0 skips it.
     #[arg(long, default_value_t = 16)]
     pub auth_concurrency: usize,
+    /// reserve: clients guessing API keys (a fresh random bearer token per request, no pause) during a
+    /// second fixed-rate run, to show what they do to real callers' latency; 0 skips it.
+    #[arg(long, default_value_t = 64)]
+    pub guessing_clients: usize,
     /// reserve: how to run the equivalent raw SQL claim.
     #[arg(long, value_enum, default_value_t = RawMode::Auto)]
     pub raw: RawMode,

@@ -42,7 +42,8 @@ pub fn pgbench_script() -> String {
         .replace("$4", ":holder")
         .replace("$5", ":actor")
         .replace("$6", ":request_id")
-        .replace("$7", ":pool_name");
+        .replace("$7", ":pool_name")
+        .replace("$8", ":client_request_id");
     format!("{sql};\n")
 }
 
@@ -72,6 +73,7 @@ pub(crate) async fn pgbench_level(
         .arg(&script)
         .args(["-D", "lim=1", "-D", &format!("lease={lease}"), "-D", &format!("pool_id={}", pool.id)])
         .args(["-D", &format!("holder={HOLDER}"), "-D", &format!("actor={RAW_ACTOR}"), "-D", "request_id=raw"])
+        .args(["-D", "client_request_id=raw"])
         .args(["-D", &format!("pool_name={}", pool.name())])
         .envs(libpq_env(connect))
         .current_dir(&run_dir)

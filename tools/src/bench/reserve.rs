@@ -18,6 +18,9 @@
 //! - Fixed rate: requests are scheduled at fixed intervals regardless of responses (open loop), and
 //!   latency is measured from each request's scheduled time, so a stall counts against every request
 //!   it delays (no coordinated omission). Generator lag (timer granularity, ~1 ms) is included.
+//! - Under guessing: the fixed-rate run again, while `--guessing-clients` more clients (in a load
+//!   generator process of their own) send reservations as fast as they are answered, each under a
+//!   fresh random `cfp_` key. All of them come from 127.0.0.1, as a guesser behind one address would.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -56,6 +59,8 @@ pub struct ReserveOptions {
     /// Concurrency of the authentication A/B (runs with and without key checks, alternating); 0
     /// skips it.
     pub auth_concurrency: usize,
+    /// Clients guessing keys during a second fixed-rate run; 0 skips it.
+    pub guessing_clients: usize,
     /// Raw-SQL side.
     pub raw: RawMode,
     /// Directory for pgbench's script and logs (a `pgbench/` scratch directory is made inside).
@@ -75,6 +80,7 @@ impl ReserveOptions {
             concurrency: args.concurrency.clone(),
             rate: args.rate,
             auth_concurrency: args.auth_concurrency,
+            guessing_clients: args.guessing_clients,
             raw: args.raw,
             scratch: args.out.clone(),
             load: Placement::choose(
@@ -185,6 +191,19 @@ pub struct AuthOverhead {
     pub overhead: f64,
 }
 
+/// The fixed-rate run repeated while other clients guess keys.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnderGuessing {
+    /// Clients guessing.
+    pub guessing_clients: usize,
+    /// Guesses answered per second.
+    pub guesses_per_s: f64,
+    /// How the guesses were answered, by status.
+    pub guess_answers: BTreeMap<String, u64>,
+    /// The real callers' run meanwhile.
+    pub fixed_rate: FixedRate,
+}
+
 /// Figures of a `reserve` run.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReserveResults {
@@ -194,6 +213,8 @@ pub struct ReserveResults {
     pub auth: Option<AuthOverhead>,
     /// Open-loop latency at a fixed rate.
     pub fixed_rate: Option<FixedRate>,
+    /// The same while other clients guess keys.
+    pub under_guessing: Option<UnderGuessing>,
     /// The statement both sides run (`$1` limit = 1, `$2` lease seconds, `$3` pool id, `$4` holder).
     pub claim_sql: String,
 }
@@ -327,10 +348,34 @@ pub async fn run(
         } else {
             None
         };
+        let under_guessing = if opts.rate > 0.0 && opts.guessing_clients > 0 {
+            reset(&harness, &pool, (opts.rate * secs as f64 * 1.5) as u64 + 1000).await?;
+            let (fixed, guesses) = tokio::join!(
+                load.open(&url, opts.rate, secs, opts.progress),
+                load.guessing(&url, opts.guessing_clients, secs)
+            );
+            let (fixed, guesses) = (fixed?, guesses?);
+            if !fixed.errors.is_empty() {
+                notes.push(format!("fixed rate under guessing: non-201 responses {:?}", fixed.errors));
+            }
+            let answered: u64 = guesses.errors.values().sum::<u64>() + guesses.reservations;
+            if guesses.reservations > 0 {
+                notes.push(format!("{} made-up keys were accepted", guesses.reservations));
+            }
+            Some(UnderGuessing {
+                guessing_clients: opts.guessing_clients,
+                guesses_per_s: answered as f64 / guesses.seconds,
+                guess_answers: guesses.errors,
+                fixed_rate: fixed,
+            })
+        } else {
+            None
+        };
         anyhow::Ok(ReserveResults {
             levels,
             auth,
             fixed_rate,
+            under_guessing,
             claim_sql: cifpool::cif::store::reserve_sql().to_string(),
         })
     }
@@ -352,6 +397,7 @@ pub async fn run(
         "concurrency": opts.concurrency,
         "fixed_rate": opts.rate,
         "auth_concurrency": opts.auth_concurrency,
+        "guessing_clients": opts.guessing_clients,
         "raw": opts.raw,
         "raw_method": raw_method.as_ref().map(RawMethod::name),
         "pool": { "name": POOL, "digits": 9, "check": "damm", "prefix": "7" },
@@ -362,7 +408,7 @@ pub async fn run(
             Placement::InProcess { .. } => "reqwest, keep-alive pool, one tokio task per client, in the same process as the service",
         },
         "load_generator": opts.load,
-        "pgbench": "pgbench -n -M prepared -c C -j min(C,2) -T secs -f claim.sql -D lim=1 -D lease=3600 -D pool_id=ID -D holder=bench -D actor=bench-raw -D request_id=raw -D pool_name=bench -l",
+        "pgbench": "pgbench -n -M prepared -c C -j min(C,2) -T secs -f claim.sql -D lim=1 -D lease=3600 -D pool_id=ID -D holder=bench -D actor=bench-raw -D request_id=raw -D pool_name=bench -D client_request_id=raw -l",
     });
     Ok(BenchReport { target: "reserve".into(), parameters, machine, results, notes })
 }
@@ -457,15 +503,31 @@ pub fn table(report: &BenchReport<ReserveResults>) -> String {
             a.overhead * 100.0
         ));
     }
-    if let Some(f) = &report.results.fixed_rate {
+    let fixed_line = |f: &FixedRate| {
         let l = f.latency.as_ref();
-        out.push_str(&format!(
-            "\nfixed rate {} req/s (open loop, from scheduled time): achieved {}/s, p50 {} ms, p99 {} ms, max {} ms",
-            thousands(f.target_rate),
+        format!(
+            "achieved {}/s, p50 {} ms, p99 {} ms, max {} ms",
             thousands(f.achieved_rate),
             l.map_or("-".into(), |l| ms(l.p50_ms)),
             l.map_or("-".into(), |l| ms(l.p99_ms)),
             l.map_or("-".into(), |l| ms(l.max_ms)),
+        )
+    };
+    if let Some(f) = &report.results.fixed_rate {
+        out.push_str(&format!(
+            "\nfixed rate {} req/s (open loop, from scheduled time): {}",
+            thousands(f.target_rate),
+            fixed_line(f)
+        ));
+    }
+    if let Some(g) = &report.results.under_guessing {
+        let answers = g.guess_answers.iter().map(|(status, n)| format!("{status}: {n}")).collect::<Vec<_>>();
+        out.push_str(&format!(
+            "\nthe same while {} clients guess keys ({}/s answered: {}): {}",
+            g.guessing_clients,
+            thousands(g.guesses_per_s),
+            answers.join(", "),
+            fixed_line(&g.fixed_rate)
         ));
     }
     if !cpu_rows.is_empty() {
