@@ -71,6 +71,12 @@ pub mod action {
     pub const CIF_RECLAIMED: &str = "cif.reclaimed";
     /// A refill batch generated codes (detail: the counters).
     pub const POOL_REFILLED: &str = "pool.refilled";
+    /// The pool was fenced: the database was not the one codes were issued from, so its available and
+    /// held codes were set aside and its counter moved on (detail: fence, set_aside, counter_from,
+    /// counter_to).
+    pub const POOL_FENCED: &str = "pool.fenced";
+    /// An operator accepted a changed database as it is, without fencing (detail: previous, current).
+    pub const INCARNATION_ACCEPTED: &str = "incarnation.accepted";
     /// Dead letters were put back in the queue (detail: filter, pace, count).
     pub const DLQ_REPLAYED: &str = "dlq.replayed";
     /// An API key was created (detail: scopes, tenants).

@@ -56,10 +56,17 @@ impl Application {
             .context("applying database migrations")?;
         record_start(&database.pool).await;
         let pools = Pools::reconcile(&database.pool, &settings.pools, master).await?;
+        // After the pools exist (a fence moves their counters) and before anything is issued.
+        database
+            .incarnation
+            .arm(&database.pool, crate::cif::fence::FencePolicy::from_settings(&settings))
+            .await
+            .context("checking the database's identity")?;
         let listener = TcpListener::bind(settings.server.listen)
             .await
             .with_context(|| format!("binding {}", settings.server.listen))?;
-        let state = AppState::new(database.pool.clone(), settings, pools);
+        let mut state = AppState::new(database.pool.clone(), settings, pools);
+        state.incarnation = database.incarnation.clone();
         Ok(Application { listener, state, database, background: true })
     }
 
@@ -102,6 +109,12 @@ impl Application {
         crate::telemetry::register_event_counters(&state);
         crate::telemetry::collectors::record_build_info();
         tasks.spawn(crate::telemetry::collectors::probe_loop(state.db.clone(), stop.clone()));
+        tasks.spawn(crate::cif::fence::watch_loop(
+            state.db.clone(),
+            state.incarnation.clone(),
+            state.settings.database.incarnation_check_interval,
+            stop.clone(),
+        ));
         if background {
             let cron = tokio_cron_scheduler::JobScheduler::new().await?;
             crate::cif::upkeep::schedule(&cron, &state.db, &state.pools, &state.upkeep).await?;

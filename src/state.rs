@@ -34,6 +34,8 @@ pub struct AppState {
     /// Maintenance runs (refills, reclaims, sweeps) started by requests and schedules: shutdown waits
     /// for them before it closes the database, so none dies half-way on a closed pool.
     pub upkeep: TaskTracker,
+    /// Whether the database is the one codes were issued from (reservations refused while halted).
+    pub incarnation: Arc<crate::cif::fence::IncarnationGuard>,
 }
 
 impl AppState {
@@ -57,6 +59,7 @@ impl AppState {
             queue,
             queue_stats: Arc::new(QueueStats::default()),
             upkeep: TaskTracker::new(),
+            incarnation: crate::cif::fence::IncarnationGuard::new(),
         }
     }
 }

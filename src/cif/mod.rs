@@ -8,10 +8,12 @@
 //! - [`refill`]: bounded-batch generation keeping pools above their low watermark.
 //! - [`refill_text`]: a refill batch's `COPY` text, encoded one batch ahead.
 //! - [`reclaim`]: returns holds whose lease expired (pods that died before confirming).
+//! - [`fence`]: never issue again what a restored, recovered or failed-over database forgot.
 //! - [`stats`]: pool depth for `/v1/pools`, the gauges and the watermark warnings.
 //! - [`upkeep`]: when refill, reclaim and the gauges run (schedules, on-demand triggers).
 
 pub mod coalesce;
+pub mod fence;
 pub mod issue;
 pub mod pools;
 pub mod reclaim;

@@ -38,6 +38,9 @@ pub enum RefillOutcome {
     /// The pool's row no longer holds the format and key check this instance generates with (someone
     /// changed it under a running instance): generating here could repeat codes, so nothing was added.
     Refused,
+    /// Issuance is halted: the database is not the one codes were issued from, and an operator has
+    /// not fenced or accepted it yet (`database.on_incarnation_change = "halt"`).
+    Halted,
 }
 
 impl RefillOutcome {
@@ -49,6 +52,7 @@ impl RefillOutcome {
             RefillOutcome::Busy => "busy",
             RefillOutcome::Exhausted => "exhausted",
             RefillOutcome::Refused => "refused",
+            RefillOutcome::Halted => "halted",
         }
     }
 }
@@ -142,7 +146,7 @@ pub async fn refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result<Ref
     };
     if let Some(mut lock) = RefillLock::try_take(db, pool).await? {
         run_locked(lock.conn(), pool, opts, &mut summary).await?;
-        if summary.outcome != RefillOutcome::Refused {
+        if !matches!(summary.outcome, RefillOutcome::Refused | RefillOutcome::Halted) {
             record_run(lock.conn(), pool.id, summary.codes_added).await?;
         }
         lock.release().await?;
@@ -215,6 +219,13 @@ async fn run_locked(
                 );
                 break;
             }
+            Batch::Halted => {
+                if summary.codes_added == 0 {
+                    summary.outcome = RefillOutcome::Halted;
+                }
+                tracing::warn!(pool = pool.name(), "refill skipped: issuance is halted until an operator fences");
+                break;
+            }
             Batch::Exhausted => {
                 if summary.codes_added == 0 {
                     summary.outcome = RefillOutcome::Exhausted;
@@ -244,6 +255,8 @@ enum Batch {
     Refused,
     /// No counter is left in the pool's domain.
     Exhausted,
+    /// Issuance is halted until an operator fences or accepts the database.
+    Halted,
 }
 
 /// One refill transaction: advances the pool's counter by up to `batch`, copies the codes of those
@@ -263,17 +276,19 @@ async fn add_batch(
     // Take the next counters (row-locked); near the end of the domain, what is left. Only while the
     // row still holds this instance's format and key check: counters advanced under another
     // permutation would not be what the rest of the deployment decodes.
-    let (pinned, range): (bool, Option<(i64, i64)>) = {
-        let (pinned, start, end): (bool, Option<i64>, Option<i64>) = sqlx::query_as(
+    // Nor while issuance is halted for a changed database (see crate::cif::fence).
+    let (pinned, halted, range): (bool, bool, Option<(i64, i64)>) = {
+        let (pinned, halted, start, end): (bool, bool, Option<i64>, Option<i64>) = sqlx::query_as(
             "WITH old AS ( \
                 SELECT next_counter, (prefix, digits, check_scheme, key_id, key_check) \
-                       IS NOT DISTINCT FROM ($4::text, $5::int2, $6::text, $7::text, $8::text) AS pinned \
+                       IS NOT DISTINCT FROM ($4::text, $5::int2, $6::text, $7::text, $8::text) AS pinned, \
+                       EXISTS (SELECT FROM cif_incarnation WHERE halted_for IS NOT NULL) AS halted \
                 FROM cif_pools WHERE id = $1 FOR UPDATE), \
              advanced AS ( \
                 UPDATE cif_pools AS p SET next_counter = LEAST(old.next_counter + $2, $3), updated_at = now() \
-                FROM old WHERE p.id = $1 AND old.pinned AND old.next_counter < $3 \
+                FROM old WHERE p.id = $1 AND old.pinned AND NOT old.halted AND old.next_counter < $3 \
                 RETURNING old.next_counter AS start, p.next_counter AS end_counter) \
-             SELECT old.pinned, advanced.start, advanced.end_counter FROM old LEFT JOIN advanced ON true",
+             SELECT old.pinned, old.halted, advanced.start, advanced.end_counter FROM old LEFT JOIN advanced ON true",
         )
         .bind(pool.id)
         .bind(batch as i64)
@@ -285,10 +300,13 @@ async fn add_batch(
         .bind(&pool.key_check)
         .fetch_one(&mut *tx)
         .await?;
-        (pinned, start.zip(end))
+        (pinned, halted, start.zip(end))
     };
     if !pinned {
         return Ok(Batch::Refused);
+    }
+    if halted {
+        return Ok(Batch::Halted);
     }
     let Some((start, end)) = range else {
         return Ok(Batch::Exhausted);

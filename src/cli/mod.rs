@@ -1,9 +1,10 @@
 //! Command-line interface: `cifpool <command>`. This module parses the command line and runs `serve`,
-//! `migrate`, `config` and `fake-provider`; [`codes`] holds the code generator's commands and
-//! [`database`] those that work on the database directly.
+//! `migrate`, `config` and `fake-provider`; [`codes`] holds the code generator's commands,
+//! [`database`] those that work on the database directly and [`pools`] the operator's fence.
 
 pub mod codes;
 pub mod database;
+pub mod pools;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,6 +20,7 @@ use crate::startup::Application;
 pub use codes::{CodeArgs, CodesCommand};
 pub use database::{AuditArgs, DlqArgs, DlqCommand, KeysCommand, QueueCommand};
 use database::{run_audit, run_dlq, run_keys, run_queue, with_database};
+pub use pools::PoolsCommand;
 
 /// cifpool: unpredictable, never-duplicated customer numbers and an isolated notification queue.
 #[derive(Debug, Parser)]
@@ -84,6 +86,10 @@ pub enum Command {
     /// pauses (connects to the database directly, like `dlq`; `/admin/queue` does the same over HTTP).
     #[command(subcommand)]
     Queue(QueueCommand),
+    /// Pool operations after the database changed under the service: fence, or accept (connects to
+    /// the database directly, like `dlq`).
+    #[command(subcommand)]
+    Pools(PoolsCommand),
 }
 
 /// `cifpool config …`
@@ -209,6 +215,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             crate::telemetry::init_logging(settings.log.format, "warn");
             let queue = settings.queue.clone();
             with_database(&settings, move |db| Box::pin(async move { run_queue(db, &queue, command).await }))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Pools(command) => {
+            crate::telemetry::init_logging(settings.log.format, "warn");
+            let settings_ = settings.clone();
+            with_database(&settings, move |db| {
+                Box::pin(async move { pools::run_pools(db, &settings_, command).await })
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Migrate => {

@@ -144,6 +144,23 @@ pub struct DatabaseSettings {
     /// How long start-up waits for an unreachable database before giving up.
     #[serde(with = "humantime_serde")]
     pub startup_timeout: Duration,
+    /// What to do when the database is not the one codes were issued from (a restore, a recovery to
+    /// a point in time, a promoted standby, a copy): see [`crate::cif::fence`].
+    pub on_incarnation_change: OnIncarnationChange,
+    /// How often a running instance compares the database's identity with the recorded one (new
+    /// connections are checked before they serve anything).
+    #[serde(with = "humantime_serde")]
+    pub incarnation_check_interval: Duration,
+}
+
+/// `database.on_incarnation_change`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnIncarnationChange {
+    /// Set every pool's codes aside, move its counter past the margin and go on issuing.
+    Fence,
+    /// Refuse reservations and refills until an operator fences or accepts.
+    Halt,
 }
 
 /// Log output format.

@@ -42,6 +42,11 @@ pub struct PoolSettings {
     /// Cron (with seconds) of the scheduled reclaim of expired holds (default every 30 s).
     #[serde(default = "defaults::reclaim_schedule")]
     pub reclaim_schedule: String,
+    /// How far the counter jumps when the pool is fenced (see [`crate::cif::fence`]): more than the
+    /// codes the pool could have generated in the history a restore or failover may lose. Default:
+    /// 1,000,000 or a twentieth of the domain, whichever is less.
+    #[serde(default)]
+    pub fence_margin: Option<u64>,
 }
 
 /// The operational fields' defaults: a pool needs only its identity (`name`, `prefix`, `digits`,
@@ -70,6 +75,17 @@ mod defaults {
 }
 
 impl PoolSettings {
+    /// The counter jump of a fence: `fence_margin`, else the default of [`Self::default_fence_margin`].
+    pub fn fence_margin(&self) -> u64 {
+        self.fence_margin.unwrap_or_else(|| Self::default_fence_margin(self.digits))
+    }
+
+    /// 1,000,000 or a twentieth of a `digits`-digit domain, whichever is less (the fence's SQL applies
+    /// the same rule to pools the configuration does not name).
+    pub fn default_fence_margin(digits: u32) -> u64 {
+        (10u64.saturating_pow(digits) / 20).min(1_000_000)
+    }
+
     /// The pool's code format.
     pub fn format(&self) -> Result<CodeFormat, crate::code::format::FormatError> {
         CodeFormat::new(self.prefix.clone(), self.digits, self.check)
@@ -106,6 +122,11 @@ pub(super) fn validate(pools: &[PoolSettings]) -> Result<(), ConfigError> {
         }
         if !(1..=10_000).contains(&pool.max_batches_per_run) {
             return Err(invalid(i, "max_batches_per_run", "must be between 1 and 10000".into()));
+        }
+        if let Some(margin) = pool.fence_margin
+            && !(1..=10u64.saturating_pow(pool.digits) / 2).contains(&margin)
+        {
+            return Err(invalid(i, "fence_margin", "must be between 1 and half the pool's domain".into()));
         }
         if pool.lease_ttl < Duration::from_secs(1) {
             return Err(invalid(i, "lease_ttl", "must be at least 1s".into()));

@@ -9,6 +9,7 @@ pub mod open;
 
 pub use open::Database;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use secrecy::ExposeSecret;
@@ -16,6 +17,7 @@ use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+use crate::cif::fence::IncarnationGuard;
 use crate::config::DatabaseSettings;
 
 /// Migrations compiled into the binary from `migrations/`.
@@ -32,8 +34,11 @@ pub fn options_from_url(url: &secrecy::SecretString) -> Result<PgConnectOptions,
 }
 
 /// Builds the pool. Connections are opened lazily, so a service whose database is down still starts
-/// serving `/healthz` and reports `/readyz` 503 rather than crash-looping.
-pub fn pool(settings: &DatabaseSettings, options: PgConnectOptions) -> PgPool {
+/// serving `/healthz` and reports `/readyz` 503 rather than crash-looping. Every new connection is
+/// checked by `incarnation` (once armed) before it serves anything: after a failover, the first
+/// statement on the promoted server runs only once the pools are fenced.
+pub fn pool(settings: &DatabaseSettings, options: PgConnectOptions, incarnation: &Arc<IncarnationGuard>) -> PgPool {
+    let incarnation = incarnation.clone();
     let statement_timeout = settings.statement_timeout.as_millis().to_string();
     let options = options.application_name("cifpool").options([("statement_timeout", statement_timeout.as_str())]);
     PgPoolOptions::new()
@@ -43,6 +48,10 @@ pub fn pool(settings: &DatabaseSettings, options: PgConnectOptions) -> PgPool {
         // A connection that sat idle through a database restart is dead; test before reuse.
         .test_before_acquire(true)
         .idle_timeout(Some(Duration::from_secs(300)))
+        .after_connect(move |conn, _| {
+            let incarnation = incarnation.clone();
+            Box::pin(async move { incarnation.check(conn).await.map(drop) })
+        })
         .connect_lazy_with(options)
 }
 

@@ -2,11 +2,13 @@
 //! scratch databases beside it for the measurement tools.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+use crate::cif::fence::IncarnationGuard;
 use crate::config::Settings;
 use crate::db::embedded::{EmbeddedOptions, EmbeddedPostgres};
 
@@ -16,6 +18,8 @@ pub struct Database {
     pub pool: PgPool,
     /// The private cluster started because `database.url` is unset; `None` with an external server.
     pub embedded: Option<EmbeddedPostgres>,
+    /// Checks each new connection of `pool` against the database identity codes were issued from.
+    pub incarnation: Arc<IncarnationGuard>,
 }
 
 impl Database {
@@ -34,17 +38,19 @@ impl Database {
             .context("embedded postgres start task panicked")??;
         tracing::info!(data_dir = %started.data_dir().display(), log = %started.log_file().display(),
             "embedded postgres started");
-        let admin = super::pool(db, started.connect_options("postgres"));
+        let admin = super::pool(db, started.connect_options("postgres"), &IncarnationGuard::new());
         ensure_database(&admin, "cifpool").await?;
         admin.close().await;
-        let pool = super::pool(db, started.connect_options("cifpool"));
-        Ok(Database { pool, embedded: Some(started) })
+        let incarnation = IncarnationGuard::new();
+        let pool = super::pool(db, started.connect_options("cifpool"), &incarnation);
+        Ok(Database { pool, embedded: Some(started), incarnation })
     }
 
     /// A pool with the service's settings on a server someone else runs (tests, the tools' scratch
     /// databases).
     pub fn external(settings: &crate::config::DatabaseSettings, options: PgConnectOptions) -> Database {
-        Database { pool: super::pool(settings, options), embedded: None }
+        let incarnation = IncarnationGuard::new();
+        Database { pool: super::pool(settings, options, &incarnation), embedded: None, incarnation }
     }
 
     /// Closes the pool, then stops the embedded cluster (cleanly, with a checkpoint).

@@ -1,4 +1,4 @@
-//! `/admin`, for callers holding the `admin` scope: refill and reclaim pools; see, pause and resume the
+//! `/admin`, for callers holding the `admin` scope: refill, reclaim and fence pools; see, pause and resume the
 //! queue; list, replay, retry and discard dead letters; manage API keys; read the audit trail.
 
 use axum::extract::{Path, Query, State};
@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::audit::{self, AuditQuery};
 use crate::auth::api_key::{self, KeyError, NewKey};
-use crate::cif::{reclaim, refill::RefillOptions, upkeep};
+use crate::cif::{fence, reclaim, refill::RefillOptions, upkeep};
 use crate::http::auth::{Authorized, needs};
 use crate::http::error::ApiError;
 use crate::queue::dlq::{self, DeadLetterAction, DlqFilter, Replay};
@@ -25,6 +25,7 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/admin/pools/{customer_type}/refill", post(refill))
         .route("/admin/reclaim", post(reclaim))
+        .route("/admin/pools/fence", post(fence))
         .route("/admin/dlq", get(dlq_list))
         .route("/admin/dlq/replay", post(dlq_replay))
         .route("/admin/dlq/{id}/retry", post(dlq_retry))
@@ -67,6 +68,32 @@ async fn refill(
 async fn reclaim(auth: Admin, State(state): State<AppState>) -> Result<Json<impl Serialize>, ApiError> {
     tracing::info!(actor = %auth.actor.name, "admin reclaim");
     Ok(Json(reclaim::reclaim(&state.db, &state.pools, None, &auth.actor).await?))
+}
+
+#[derive(Debug, Deserialize)]
+struct FenceQuery {
+    #[serde(default)]
+    accept: bool,
+}
+
+/// Fences every pool now (or, with `accept`, records the database as it is), and tells this instance
+/// at once; the others learn it at their next identity check.
+async fn fence(
+    auth: Admin,
+    State(state): State<AppState>,
+    Query(q): Query<FenceQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    tracing::warn!(accept = q.accept, actor = %auth.actor.name, "admin fence");
+    let answer = if q.accept {
+        let changed = fence::accept(&state.db, &auth.actor).await?;
+        serde_json::json!({ "outcome": "accepted", "changed": changed })
+    } else {
+        let policy = fence::FencePolicy::from_settings(&state.settings);
+        serde_json::to_value(fence::Checked::Fenced(fence::fence_now(&state.db, &policy, &auth.actor).await?))
+            .map_err(|e| ApiError::Internal(e.into()))?
+    };
+    state.incarnation.note(&fence::Checked::Same);
+    Ok(Json(answer))
 }
 
 #[derive(Debug, Deserialize)]

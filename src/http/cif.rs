@@ -99,6 +99,15 @@ async fn reserve(
     let idempotency_key = optional_header(&headers, "idempotency-key")?;
     let holder = optional_header(&headers, "x-holder")?;
     let pool = pool_for_type(&state, &body.customer_type)?;
+    if state.incarnation.halted() {
+        return Err(ApiError::Unavailable {
+            detail: "issuance is halted: the database is not the one codes were issued from (a restore, a \
+                     recovery or a failover), and database.on_incarnation_change is \"halt\"; an operator \
+                     must run `cifpool pools fence` (or `--accept`)"
+                .into(),
+            retry_after_secs: Some(60),
+        });
+    }
     let (status, reservation) =
         match issue::reserve(&state.db, pool, holder, idempotency_key, &auth.actor, &state.upkeep).await? {
             Reserved::Created(r) => (StatusCode::CREATED, r),

@@ -156,6 +156,16 @@ fn describe() {
         "API key look-ups in the database (cache misses), by whether the secret named a key."
     );
     describe_counter!(
+        "cifpool_database_fences_total",
+        "Fences of every pool because the database was not the one codes were issued from (restore, \
+         recovery, failover, copy), or because an operator fenced."
+    );
+    describe_gauge!(
+        "cifpool_issuance_halted",
+        "1 while this instance refuses reservations and refills until an operator fences or accepts a \
+         changed database (database.on_incarnation_change = \"halt\")."
+    );
+    describe_counter!(
         "cifpool_task_restarts_total",
         "Background loops started again after a panic, by task (e.g. a worker group's claim loop)."
     );

@@ -111,6 +111,7 @@ pub fn test_pool(name: &str, prefix: &str) -> cifpool::config::PoolSettings {
         lease_ttl: std::time::Duration::from_secs(300),
         refill_schedule: "0 0 0 30 2 *".into(),
         reclaim_schedule: "0 0 0 30 2 *".into(),
+        fence_margin: None,
     }
 }
 

@@ -261,6 +261,7 @@ pub fn bench_pool(
         lease_ttl: Duration::from_secs(3600),
         refill_schedule: "0 0 0 30 2 *".into(),
         reclaim_schedule: "0 0 0 30 2 *".into(),
+        fence_margin: None,
     }
 }
 
