@@ -75,6 +75,10 @@ pub mod action {
     /// held codes were set aside and its counter moved on (detail: fence, set_aside, counter_from,
     /// counter_to).
     pub const POOL_FENCED: &str = "pool.fenced";
+    /// The pool was reconciled with the customer system's list of issued codes (detail: listed,
+    /// already_issued, were_available, were_held, were_set_aside, were_unknown, counter_before,
+    /// counter_after).
+    pub const POOL_RECONCILED: &str = "pool.reconciled";
     /// An operator accepted a changed database as it is, without fencing (detail: previous, current).
     pub const INCARNATION_ACCEPTED: &str = "incarnation.accepted";
     /// Dead letters were put back in the queue (detail: filter, pace, count).

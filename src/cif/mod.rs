@@ -9,6 +9,7 @@
 //! - [`refill_text`]: a refill batch's `COPY` text, encoded one batch ahead.
 //! - [`reclaim`]: returns holds whose lease expired (pods that died before confirming).
 //! - [`fence`]: never issue again what a restored, recovered or failed-over database forgot.
+//! - [`reconcile`]: make the pools agree with the customer system's list of issued codes.
 //! - [`stats`]: pool depth for `/v1/pools`, the gauges and the watermark warnings.
 //! - [`upkeep`]: when refill, reclaim and the gauges run (schedules, on-demand triggers).
 
@@ -17,6 +18,7 @@ pub mod fence;
 pub mod issue;
 pub mod pools;
 pub mod reclaim;
+pub mod reconcile;
 pub mod refill;
 pub mod refill_text;
 pub mod stats;

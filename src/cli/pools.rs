@@ -1,5 +1,8 @@
 //! `cifpool pools …`: what an operator does to the pools after the database changed under them.
 
+use std::path::PathBuf;
+
+use anyhow::Context;
 use clap::Subcommand;
 
 use crate::audit::Actor;
@@ -17,6 +20,16 @@ pub enum PoolsCommand {
         /// ends a halt without setting anything aside.
         #[arg(long)]
         accept: bool,
+    },
+    /// Make the pools agree with the customer system: every code in the list (one per line) is issued
+    /// and never handed out again, and each pool's counter moves past the highest. A dry run that
+    /// reports what would change unless `--apply`; applying again changes nothing.
+    Reconcile {
+        /// The list of issued codes; `-` or none: standard input.
+        file: Option<PathBuf>,
+        /// Commit the changes (refused while any line is not a valid code of a configured pool).
+        #[arg(long)]
+        apply: bool,
     },
 }
 
@@ -39,6 +52,62 @@ pub(super) async fn run_pools(db: &sqlx::PgPool, settings: &Settings, command: P
                 report.pools.len()
             );
         }
+        PoolsCommand::Reconcile { file, apply } => reconcile(db, settings, file, apply, &actor).await?,
     }
+    Ok(())
+}
+
+async fn reconcile(
+    db: &sqlx::PgPool,
+    settings: &Settings,
+    file: Option<PathBuf>,
+    apply: bool,
+    actor: &Actor,
+) -> anyhow::Result<()> {
+    let master = crate::keys::resolve_master_key(settings, false)?;
+    let pools = crate::cif::Pools::reconcile(db, &settings.pools, &master).await?;
+    let list: Box<dyn tokio::io::AsyncBufRead + Unpin + Send> = match file {
+        Some(path) if path.as_os_str() != "-" => Box::new(tokio::io::BufReader::new(
+            tokio::fs::File::open(&path).await.with_context(|| format!("opening {}", path.display()))?,
+        )),
+        _ => Box::new(tokio::io::BufReader::new(tokio::io::stdin())),
+    };
+    // Drawn only on a terminal (indicatif hides it otherwise).
+    let bar = indicatif::ProgressBar::new_spinner().with_message("codes read");
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {human_pos} {msg} ({per_sec}, {elapsed})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    let progress = |n: u64| bar.set_position(n);
+    let report = crate::cif::reconcile::reconcile(db, &pools, list, apply, actor, &progress).await;
+    bar.finish_and_clear();
+    let report = report?;
+    println!("{}", serde_json::to_string(&report)?);
+    for p in &report.pools {
+        eprintln!(
+            "{}: {} listed, {} already issued, {} were available, {} were held, {} set aside, {} unknown; \
+             counter {} -> {}",
+            p.pool,
+            p.listed,
+            p.already_issued,
+            p.were_available,
+            p.were_held,
+            p.were_set_aside,
+            p.were_unknown,
+            p.counter_before,
+            p.counter_after
+        );
+    }
+    for line in &report.invalid_examples {
+        eprintln!("invalid: {line}");
+    }
+    if report.invalid > 0 {
+        anyhow::bail!("{} of {} lines are not valid codes: nothing applied", report.invalid, report.lines);
+    }
+    eprintln!(
+        "{} in {:.1} s",
+        if report.applied { "applied" } else { "dry run: nothing changed (add --apply)" },
+        report.duration_ms / 1000.0
+    );
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! `/admin`, for callers holding the `admin` scope: refill, reclaim and fence pools; see, pause and resume the
+//! `/admin`, for callers holding the `admin` scope: refill, reclaim, fence and reconcile pools; see, pause and resume the
 //! queue; list, replay, retry and discard dead letters; manage API keys; read the audit trail.
 
 use axum::extract::{Path, Query, State};
@@ -68,6 +68,46 @@ async fn refill(
 async fn reclaim(auth: Admin, State(state): State<AppState>) -> Result<Json<impl Serialize>, ApiError> {
     tracing::info!(actor = %auth.actor.name, "admin reclaim");
     Ok(Json(reclaim::reclaim(&state.db, &state.pools, None, &auth.actor).await?))
+}
+
+/// `POST /admin/pools/reconcile`: its body is a whole customer base, so it takes the batch body
+/// limit and timeout (see `crate::http::app`).
+pub fn reconcile_router() -> Router<AppState> {
+    Router::new().route("/admin/pools/reconcile", post(reconcile)).layer(axum::extract::DefaultBodyLimit::disable())
+}
+
+#[derive(Debug, Deserialize)]
+struct ReconcileQuery {
+    #[serde(default)]
+    apply: bool,
+}
+
+/// Reconciles the pools with the list of issued codes in the body (one per line, optionally followed by
+/// a comma or tab and the customer reference), streamed into the database as it arrives; a dry run
+/// unless `apply`. Asked to apply a list with invalid lines, it applies nothing and answers 422.
+async fn reconcile(
+    auth: Admin,
+    State(state): State<AppState>,
+    Query(q): Query<ReconcileQuery>,
+    body: axum::body::Body,
+) -> Result<Json<crate::cif::reconcile::ReconcileReport>, ApiError> {
+    use crate::cif::reconcile::{self, ReconcileError};
+    use futures_util::TryStreamExt;
+    tracing::warn!(apply = q.apply, actor = %auth.actor.name, "admin reconcile");
+    let stream = body.into_data_stream().map_err(std::io::Error::other);
+    let list = tokio::io::BufReader::new(tokio_util::io::StreamReader::new(stream));
+    let report = reconcile::reconcile(&state.db, &state.pools, list, q.apply, &auth.actor, &|_| {}).await;
+    match report {
+        Ok(report) if q.apply && !report.applied => Err(ApiError::Unprocessable(format!(
+            "{} of {} lines are not codes of a configured pool, so nothing was applied; first: {}",
+            report.invalid,
+            report.lines,
+            report.invalid_examples.join("; ")
+        ))),
+        Ok(report) => Ok(Json(report)),
+        Err(ReconcileError::Read(e)) => Err(ApiError::BadRequest(format!("reading the list: {e}"))),
+        Err(ReconcileError::Database(e)) => Err(e.into()),
+    }
 }
 
 #[derive(Debug, Deserialize)]

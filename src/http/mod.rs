@@ -45,6 +45,9 @@ pub fn app(state: AppState) -> Router {
     let bulk = notifications::batch_router(&state)
         .layer(RequestBodyLimitLayer::new(queue.batch_body_limit_bytes))
         .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, queue.batch_timeout));
+    let reconcile = admin::reconcile_router()
+        .layer(RequestBodyLimitLayer::new(queue.batch_body_limit_bytes))
+        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, queue.batch_timeout));
     let bulk_cancel = notifications::batch_cancel_router()
         .layer(RequestBodyLimitLayer::new(server.body_limit_bytes))
         .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, queue.batch_timeout));
@@ -52,6 +55,7 @@ pub fn app(state: AppState) -> Router {
         .merge(ordinary)
         .merge(bulk)
         .merge(bulk_cancel)
+        .merge(reconcile)
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .layer(middleware)
         .with_state(state)

@@ -13,14 +13,14 @@ use common::{TEST_ADMIN_TOKEN, TestApp, client_with_key, spawn_passive_app, test
 use serde_json::{Value, json};
 use sqlx::Connection;
 
-async fn fill(app: &TestApp) {
+pub(crate) async fn fill(app: &TestApp) {
     let pool = app.state.pools.get("individual").unwrap();
     let summary = refill(&app.state.db, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
     assert_eq!(summary.outcome, RefillOutcome::Refilled, "{summary:?}");
 }
 
 /// Reserves and confirms `n` numbers of the `individual` pool over HTTP: what customers were given.
-async fn confirm_numbers(app: &TestApp, n: usize) -> Vec<String> {
+pub(crate) async fn confirm_numbers(app: &TestApp, n: usize) -> Vec<String> {
     let mut issued = Vec::with_capacity(n);
     for i in 0..n {
         let r = app.client.post(app.url("/v1/cif")).json(&json!({ "customer_type": "individual" })).send().await;
@@ -190,4 +190,76 @@ async fn with_halt_nothing_is_issued_until_an_operator_fences() {
         .unwrap();
     assert_eq!(actors, [("bootstrap".to_string(),)]);
     app.stop().await;
+}
+
+/// The pools of [`test_settings_with_pools`] as a config file, for `cifpool` child processes.
+fn test_pools_config(dir: &Path) -> PathBuf {
+    let file = dir.join("pools.toml");
+    let pools: String = [("individual", "1"), ("business", "2")]
+        .iter()
+        .map(|(name, prefix)| {
+            format!("[[pools]]\nname = \"{name}\"\nprefix = \"{prefix}\"\ndigits = 9\ncheck = \"damm\"\nkey_id = \"test-1\"\n")
+        })
+        .collect();
+    std::fs::write(&file, pools).unwrap();
+    file
+}
+
+/// After a restore, the customer system's list of issued numbers goes in with `cifpool pools
+/// reconcile`: the numbers confirmed since the dump (set aside by the fence) are issued again as they
+/// were, each pool's counter stays past them, and a second run finds nothing to do.
+#[tokio::test]
+async fn after_a_restore_the_customer_systems_list_is_reconciled_from_the_command_line() {
+    let db = common::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("nightly.dump");
+    let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
+    fill(&app).await;
+    let before_dump = confirm_numbers(&app, 100).await;
+    dump(&db.url, &file);
+    let after_dump = confirm_numbers(&app, 100).await;
+    app.stop().await;
+    let restored = empty_database(&db).await;
+    run("pg_restore", &["--no-owner", "--dbname", &restored, file.to_str().unwrap()]);
+    spawn_passive_app(test_settings_with_pools(&restored)).await.stop().await;
+
+    let config = test_pools_config(dir.path());
+    let config = config.to_str().unwrap();
+    let list = dir.path().join("issued.txt");
+    let lines: Vec<String> = before_dump.iter().chain(&after_dump).map(|c| format!("{c},crm-{c}")).collect();
+    std::fs::write(&list, lines.join("\n")).unwrap();
+    let list = list.to_str().unwrap();
+    let reconcile = |apply: bool| {
+        let mut args = vec!["--config", config, "pools", "reconcile", list];
+        if apply {
+            args.push("--apply");
+        }
+        let report = common::json_lines(&common::cifpool_cli(&restored, &args));
+        let pool = report[0]["pools"].as_array().unwrap().iter().find(|p| p["pool"] == "individual").unwrap().clone();
+        (report[0]["applied"].as_bool().unwrap(), pool)
+    };
+    let (applied, dry) = reconcile(false);
+    assert!(!applied);
+    assert_eq!(
+        (&dry["listed"], &dry["already_issued"], &dry["were_set_aside"]),
+        (&json!(200), &json!(100), &json!(100))
+    );
+    assert_eq!(dry["counter_before"], dry["counter_after"], "the fence already moved the counter past them");
+    let (applied, done) = reconcile(true);
+    assert!(applied);
+    assert_eq!(done, dry);
+    let (_, again) = reconcile(true);
+    assert_eq!((&again["already_issued"], &again["were_set_aside"]), (&json!(200), &json!(0)));
+    let mut conn = sqlx::PgConnection::connect(&restored).await.unwrap();
+    let refs: i64 = sqlx::query_scalar("SELECT count(*) FROM cif_issued WHERE customer_ref = 'crm-' || code")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(refs, 200, "the 100 restored rows keep their reference, the 100 added take the listed one");
+
+    std::fs::write(dir.path().join("bad.txt"), format!("{}\nnonsense\n", before_dump[0])).unwrap();
+    let bad = dir.path().join("bad.txt");
+    let out =
+        common::cifpool_cli(&restored, &["--config", config, "pools", "reconcile", bad.to_str().unwrap(), "--apply"]);
+    common::assert_cli_error(&out, "1 of 2 lines are not valid codes");
 }

@@ -41,4 +41,5 @@ mod pool_upkeep;
 mod provider_failures;
 mod queue;
 mod queue_ops;
+mod reconcile;
 mod shutdown;
