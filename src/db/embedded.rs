@@ -268,6 +268,12 @@ fn postgres_ids() -> Result<Option<(u32, u32)>, EmbeddedError> {
     Ok(Some((uid, gid)))
 }
 
+/// A command that runs the Postgres tool `program` as the user the server runs as (`postgres` when we
+/// are root), so files it writes in a data directory belong to the server: `pg_ctl`, `pg_basebackup`.
+pub fn command_as_server_user(program: &Path) -> Result<Command, EmbeddedError> {
+    Ok(server_command(program, postgres_ids()?))
+}
+
 /// Builds a command that runs `program` as the `postgres` user when we are root.
 fn server_command(program: &Path, ids: Option<(u32, u32)>) -> Command {
     match ids {
@@ -438,6 +444,11 @@ impl EmbeddedPostgres {
     /// A `postgres://` URL for `database` on this cluster (unix socket), for child processes and tools.
     pub fn url(&self, database: &str) -> String {
         format!("postgres://{SUPERUSER}@localhost/{database}?host={}&port={}", self.socket_dir.display(), self.port)
+    }
+
+    /// The directory holding the server's unix socket (`.s.PGSQL.5432`).
+    pub fn socket_dir(&self) -> &Path {
+        &self.socket_dir
     }
 
     /// The data directory.

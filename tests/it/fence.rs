@@ -76,7 +76,7 @@ async fn fences(url: &str) -> Vec<Value> {
 
 /// The numbers confirmed before the dump, after it, and after the restore: the last share none with
 /// the first two.
-fn assert_never_twice(before_dump: &[String], after_dump: &[String], after_restore: &[String]) -> usize {
+pub(crate) fn assert_never_twice(before_dump: &[String], after_dump: &[String], after_restore: &[String]) -> usize {
     let earlier: HashSet<&String> = before_dump.iter().chain(after_dump).collect();
     assert_eq!(earlier.len(), before_dump.len() + after_dump.len());
     let twice: Vec<&String> = after_restore.iter().filter(|c| earlier.contains(c)).collect();

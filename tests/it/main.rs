@@ -31,6 +31,7 @@ mod console;
 mod console_browser;
 mod db_outage;
 mod embedded;
+mod failover;
 mod fence;
 mod http_basics;
 mod keys;
