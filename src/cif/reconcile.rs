@@ -82,6 +82,9 @@ pub enum ReconcileError {
     /// The list could not be read.
     #[error("reading the list: {0}")]
     Read(#[from] std::io::Error),
+    /// The list holds no code at all: a wrong file or an empty body, never what a bank means.
+    #[error("the list is empty: give one code per line")]
+    Empty,
     /// The database failed.
     #[error(transparent)]
     Database(#[from] sqlx::Error),
@@ -148,6 +151,9 @@ pub async fn reconcile(
     }
     copy.finish().await?;
     progress(report.lines);
+    if report.lines == 0 {
+        return Err(ReconcileError::Empty);
+    }
 
     sqlx::query(
         "CREATE TEMP TABLE reconcile_listed ON COMMIT DROP AS \

@@ -106,6 +106,7 @@ async fn reconcile(
         ))),
         Ok(report) => Ok(Json(report)),
         Err(ReconcileError::Read(e)) => Err(ApiError::BadRequest(format!("reading the list: {e}"))),
+        Err(e @ ReconcileError::Empty) => Err(ApiError::BadRequest(e.to_string())),
         Err(ReconcileError::Database(e)) => Err(e.into()),
     }
 }

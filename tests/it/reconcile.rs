@@ -156,6 +156,13 @@ async fn a_list_with_invalid_lines_is_reported_and_never_applied() {
     assert!(problem["detail"].as_str().unwrap().contains("4 of 6 lines"), "{problem}");
     assert_eq!(snapshot(&db.pool).await, before);
 
+    // An empty list is a mistake (a wrong file), not a list of no customers.
+    for body in ["", "\n  \n"] {
+        let problem = common::assert_problem(reconcile(&app, body, true).await, 400).await;
+        assert!(problem["detail"].as_str().unwrap().contains("the list is empty"), "{problem}");
+    }
+    assert_eq!(snapshot(&db.pool).await, before);
+
     // Only an admin may reconcile.
     let key =
         common::create_key(&db.pool, &[cifpool::auth::Scope::CifReserve, cifpool::auth::Scope::CifRead], None).await;
