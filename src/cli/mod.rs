@@ -218,7 +218,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Pools(command) => {
-            crate::telemetry::init_logging(settings.log.format, "warn");
+            // A fence or a reconcile of millions of codes runs statements of many seconds by design: sqlx's
+            // slow-statement warnings would read as trouble.
+            crate::telemetry::init_logging(settings.log.format, "warn,sqlx::query=error");
             let settings_ = settings.clone();
             with_database(&settings, move |db| {
                 Box::pin(async move { pools::run_pools(db, &settings_, command).await })
