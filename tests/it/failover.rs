@@ -81,8 +81,11 @@ fn point(link: &Path, target: &Path) {
     std::fs::rename(&next, link).unwrap();
 }
 
+/// Waits until the standby has replayed everything the primary has logged so far (the insert position:
+/// the test cluster commits asynchronously, so the last commits may not be written out yet).
 async fn wait_until_replayed(primary: &mut PgConnection, standby: &Standby) {
-    let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text").fetch_one(&mut *primary).await.unwrap();
+    let lsn: String =
+        sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text").fetch_one(&mut *primary).await.unwrap();
     let mut conn = PgConnection::connect_with(&standby.connect_options()).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
