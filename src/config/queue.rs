@@ -130,6 +130,11 @@ pub struct ClassSettings {
     pub target_wait: Option<Duration>,
     /// Most jobs of one tenant in flight at once in this class.
     pub tenant_inflight_cap: u32,
+    /// How long a finished job keeps its payload and recipient (e.g. for disputes); unset: erased by the
+    /// statement that finishes it (the recipient masked to its last four characters). Dead letters keep
+    /// theirs until retried or discarded. A job keeps the value its class had when it was accepted.
+    #[serde(default, with = "humantime_serde")]
+    pub keep_personal_data: Option<Duration>,
 }
 
 /// How a provider delivers messages.

@@ -34,9 +34,10 @@ pub enum Canceled {
 static CANCEL_ONE: LazyLock<String> = LazyLock::new(|| {
     let cancel = format!(
         "UPDATE notification_jobs SET status = {canceled}, finished_at = clock_timestamp(), \
-                last_error = 'canceled by ' || $2 \
+                last_error = 'canceled by ' || $2, {erase} \
          WHERE id = $1 AND status IN ({waiting}) RETURNING id, tenant, class",
         canceled = JobStatus::Canceled.sql(),
+        erase = crate::queue::privacy::ERASE_ON_FINISH,
         waiting = JobStatus::sql_list(&JobStatus::CANCELABLE)
     );
     let columns = Columns {
@@ -138,9 +139,10 @@ static CANCEL_CHUNK_SQL: LazyLock<String> = LazyLock::new(|| {
     // and sort, a chunk writes a fifth fewer WAL records and took about half the time.
     let cancel = format!(
         "UPDATE notification_jobs SET status = {canceled}, finished_at = clock_timestamp(), \
-                last_error = 'canceled with batch ' || $3::int8::text || ' by ' || $4 \
+                last_error = 'canceled with batch ' || $3::int8::text || ' by ' || $4, {erase} \
          WHERE id BETWEEN $1 AND $2 AND batch_id = $3 AND status IN ({waiting}) RETURNING id",
         canceled = JobStatus::Canceled.sql(),
+        erase = crate::queue::privacy::ERASE_ON_FINISH,
         waiting = JobStatus::sql_list(&JobStatus::CANCELABLE)
     );
     let columns = Columns {

@@ -217,9 +217,10 @@ static RETRY_ONE: LazyLock<String> = LazyLock::new(|| {
 
 static DISCARD_ONE: LazyLock<String> = LazyLock::new(|| {
     let discard = format!(
-        "UPDATE notification_jobs SET status = {discarded}, finished_at = clock_timestamp() \
+        "UPDATE notification_jobs SET status = {discarded}, finished_at = clock_timestamp(), {erase} \
          WHERE id = $1 AND status = {dead} RETURNING id",
         discarded = JobStatus::Discarded.sql(),
+        erase = crate::queue::privacy::ERASE_ON_FINISH,
         dead = JobStatus::Dead.sql()
     );
     let columns = Columns {

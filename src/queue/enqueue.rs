@@ -99,10 +99,11 @@ pub async fn enqueue_one(
     let id: Option<i64> = sqlx::query_scalar(
         "INSERT INTO notification_jobs \
             (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, idempotency_key, \
-             status, traceparent) \
+             status, traceparent, keep_personal_data) \
          VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, \
                  greatest(now() + $8::float8 * interval '1 second', coalesce($11, now())), \
-                 clock_timestamp() + $9::float8 * interval '1 second', $10, $12, $13) \
+                 clock_timestamp() + $9::float8 * interval '1 second', $10, $12, $13, \
+                 $14::float8 * interval '1 second') \
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id",
     )
     .bind(&job.class)
@@ -118,6 +119,7 @@ pub async fn enqueue_one(
     .bind(job.run_at)
     .bind(initial_status(due))
     .bind(crate::telemetry::traces::current_traceparent())
+    .bind(crate::queue::privacy::keep_seconds(class))
     .fetch_optional(&mut *tx)
     .await?;
     tx.commit().await?;

@@ -14,11 +14,13 @@
 //! - [`worker`]: a worker group — claim, send, fenced finish; one drivable step for tests.
 //! - [`finish`]: batched, fenced `sent` finishes (group commit).
 //! - [`listen`]: the LISTEN relay that wakes idle claimers.
-//! - [`sweep`]: the sweeper — lease rescue, deadline expiry, retention purge.
+//! - [`sweep`]: the sweeper — lease rescue, deadline expiry, kept personal data erased, retention purge.
 //! - [`stage`]: the stager — scheduled jobs whose time has come become claimable, with fair keys.
 //! - [`provider`]: the `Provider` trait, the HTTP provider and the no-op one.
 //! - [`budget`]: provider budgets for the whole deployment: concurrency shares, AIMD, rate, pauses.
 //! - [`scrub`]: provider error texts without URLs or credentials, bounded, before they are kept.
+//! - [`privacy`]: a finished job's payload erased and recipient masked, at once or after its class's
+//!   `keep_personal_data`.
 //! - [`fake_provider`]: `cifpool fake-provider`, a provider double with latency, errors and hangs.
 //!
 //! Watching it:
@@ -41,6 +43,7 @@ pub mod intake;
 pub mod listen;
 pub mod pause;
 pub mod policy;
+pub mod privacy;
 pub mod provider;
 pub mod runtime;
 pub mod scrub;

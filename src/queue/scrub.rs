@@ -1,6 +1,7 @@
 //! What a provider said, made safe to keep: an error text goes into `last_error`, which the API, the
 //! dead-letter listing and the logs show, so it must not carry the provider's URLs (they may embed
-//! credentials or internal hosts), credentials a gateway echoed back, or an unbounded body.
+//! credentials or internal hosts), credentials a gateway echoed back, the recipient a gateway quoted
+//! ("invalid number +8490…"), or an unbounded body.
 
 use std::sync::LazyLock;
 
@@ -39,9 +40,43 @@ pub fn scrub_error(text: &str) -> String {
     if chars.next().is_some() { format!("{kept}…") } else { kept }
 }
 
+/// [`scrub_error`] of a job's error, with every quote of its `recipient` (also without a leading `+`, as
+/// gateways often write numbers) masked as the finished job's recipient is.
+pub fn scrub_job_error(text: &str, recipient: &str) -> String {
+    let mut text = text.to_string();
+    let bare = recipient.trim_start_matches('+');
+    for quoted in [recipient, bare] {
+        if quoted.chars().count() > 6 {
+            text = text.replace(quoted, &masked(quoted));
+        }
+    }
+    scrub_error(&text)
+}
+
+/// The recipient as the database masks it (`notification_masked`): the last four characters of a
+/// longer one, nothing of a short one.
+fn masked(recipient: &str) -> String {
+    let n = recipient.chars().count();
+    if n > 6 {
+        let tail: String = recipient.chars().skip(n - 4).collect();
+        format!("{}{tail}", "*".repeat(n - 4))
+    } else {
+        "*".repeat(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::scrub_error;
+    use super::{scrub_error, scrub_job_error};
+
+    #[test]
+    fn a_quoted_recipient_is_masked() {
+        assert_eq!(
+            scrub_job_error("HTTP 422: invalid number 84901234567 (+84901234567)", "+84901234567"),
+            "HTTP 422: invalid number *******4567 (********4567)"
+        );
+        assert_eq!(scrub_job_error("HTTP 422: bad recipient 12345", "12345"), "HTTP 422: bad recipient 12345");
+    }
 
     #[test]
     fn urls_credentials_and_length_are_removed() {

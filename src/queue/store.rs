@@ -10,6 +10,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::claim::{ClaimTable, Fenced, Pick};
+use crate::queue::privacy;
 use crate::queue::status::JobStatus;
 
 mod claiming;
@@ -91,7 +92,10 @@ static MARK_FINAL: LazyLock<String> = LazyLock::new(|| {
     JOBS.fenced_update_sql(
         &SENDING,
         "id = $2",
-        "status = $3, last_error = $4, finished_at = clock_timestamp(), lease_token = NULL, lease_expires_at = NULL",
+        &format!(
+            "status = $3, last_error = $4, finished_at = clock_timestamp(), lease_token = NULL,              lease_expires_at = NULL, {erase}",
+            erase = privacy::erase_on_finish_into("$3")
+        ),
         None,
     )
 });
@@ -118,8 +122,10 @@ static MARK_SENT_MANY: LazyLock<String> = LazyLock::new(|| {
         "unnest($1::int8[], $2::uuid[], $3::text[], $4::text[]) AS f(id, token, provider, provider_ref)",
         &format!(
             "status = {sent}, provider = f.provider, provider_ref = f.provider_ref, \
-             finished_at = clock_timestamp(), lease_token = NULL, lease_expires_at = NULL, last_error = NULL",
-            sent = JobStatus::Sent.sql()
+             finished_at = clock_timestamp(), lease_token = NULL, lease_expires_at = NULL, last_error = NULL, \
+             {erase}",
+            sent = JobStatus::Sent.sql(),
+            erase = privacy::ERASE_ON_FINISH
         ),
         "t.id",
     )
@@ -156,7 +162,7 @@ pub async fn mark_throttled(db: &PgPool, job: &ClaimedJob, wait: Duration, error
 }
 
 async fn retry(db: &PgPool, job: &ClaimedJob, delay: Duration, error: &str, cost: i32) -> Result<Fenced, sqlx::Error> {
-    let error = crate::queue::scrub::scrub_error(error);
+    let error = crate::queue::scrub::scrub_job_error(error, &job.recipient);
     let done = sqlx::query(sqlx::AssertSqlSafe(MARK_RETRY.as_str()))
         .bind(job.token)
         .bind(job.id)
@@ -172,7 +178,7 @@ async fn retry(db: &PgPool, job: &ClaimedJob, delay: Duration, error: &str, cost
 /// [`mark_sent`], which also records the provider's reference.
 /// The error text is kept scrubbed ([`crate::queue::scrub::scrub_error`]).
 pub async fn mark_final(db: &PgPool, job: &ClaimedJob, state: JobStatus, error: &str) -> Result<Fenced, sqlx::Error> {
-    mark_final_fenced(db, job.id, job.token, state, error).await
+    mark_final_fenced(db, job.id, job.token, state, &crate::queue::scrub::scrub_job_error(error, &job.recipient)).await
 }
 
 async fn mark_final_fenced(
@@ -238,8 +244,9 @@ static EXPIRE_OVERDUE: LazyLock<String> = LazyLock::new(|| {
         &Pick { from: &CLAIMABLE, filter: "deadline IS NOT NULL AND deadline < now()", order_by: Some("deadline") },
         &format!(
             "status = {expired}, finished_at = clock_timestamp(), \
-             last_error = coalesce(t.last_error, 'deadline passed before it could be sent')",
-            expired = JobStatus::Expired.sql()
+             last_error = coalesce(t.last_error, 'deadline passed before it could be sent'), {erase}",
+            expired = JobStatus::Expired.sql(),
+            erase = privacy::ERASE_ON_FINISH
         ),
         "t.class",
     )

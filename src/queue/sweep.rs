@@ -1,6 +1,7 @@
 //! The sweeper: on its schedule, jobs whose worker died mid-send (lease expired) go back to the queue,
-//! waiting jobs past their deadline expire, and finished jobs past retention are deleted (dead letters
-//! only past `dead_letter_retention`, if set).
+//! waiting jobs past their deadline expire, finished jobs past their class's `keep_personal_data` lose
+//! their payload and recipient, and finished jobs past retention are deleted (dead letters only past
+//! `dead_letter_retention`, if set).
 
 use std::sync::Arc;
 
@@ -15,7 +16,8 @@ const SWEEP_BATCH: i64 = 1000;
 /// Most finished jobs one sweep deletes.
 const PURGE_PER_SWEEP: u64 = 500_000;
 
-/// One pass: rescue jobs of dead workers, expire overdue ones, purge old finished ones.
+/// One pass: rescue jobs of dead workers, expire overdue ones, erase kept personal data that is due,
+/// purge old finished ones.
 pub async fn sweep(db: &PgPool, runtime: &QueueRuntime) -> Result<(), sqlx::Error> {
     let rescued = store::rescue_expired_leases(db, SWEEP_BATCH).await?;
     if rescued > 0 {
@@ -25,6 +27,10 @@ pub async fn sweep(db: &PgPool, runtime: &QueueRuntime) -> Result<(), sqlx::Erro
     for (class, n) in store::expire_overdue(db, SWEEP_BATCH).await? {
         metrics::counter!("cifpool_queue_expired_total", "class" => class.clone()).increment(n);
         tracing::warn!(%class, jobs = n, "expired jobs that missed their deadline while waiting");
+    }
+    let erased = crate::queue::privacy::erase_due(db, SWEEP_BATCH).await?;
+    if erased > 0 {
+        tracing::info!(jobs = erased, "erased the kept personal data of finished jobs past keep_personal_data");
     }
     // Statements of 10,000, at most 500,000 rows a pass (100,000 jobs/s at the default 5 s schedule):
     // a first purge of a large backlog is many short transactions spread over several sweeps.

@@ -300,7 +300,7 @@ impl WorkerGroup {
     async fn dead(&self, job: &ClaimedJob, error: &str) -> Result<Outcome, sqlx::Error> {
         let fenced = store::mark_final(&self.db, job, JobStatus::Dead, error).await?;
         if fenced == Fenced::Done {
-            let error = crate::queue::scrub::scrub_error(error);
+            let error = crate::queue::scrub::scrub_job_error(error, &job.recipient);
             tracing::warn!(job = job.id, class = %job.class, error, "job dead-lettered");
         }
         Ok(self.counted(fenced, job, "cifpool_queue_dead_total", Outcome::Dead(job.id)))

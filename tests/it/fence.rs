@@ -37,7 +37,7 @@ pub(crate) async fn confirm_numbers(app: &TestApp, n: usize) -> Vec<String> {
 }
 
 /// A client tool of the server the harness runs (a `postgres` on PATH may be a lone symlink).
-fn pg_tool(name: &str) -> PathBuf {
+pub(crate) fn pg_tool(name: &str) -> PathBuf {
     let server =
         cifpool::db::embedded::find_bin_dir().expect("the Postgres binaries the harness runs").join("postgres");
     server.canonicalize().unwrap().with_file_name(name)

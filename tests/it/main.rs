@@ -39,6 +39,7 @@ mod observability;
 mod openapi;
 mod operator_tools;
 mod pool_upkeep;
+mod privacy;
 mod provider_failures;
 mod queue;
 mod queue_ops;

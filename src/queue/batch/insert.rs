@@ -58,7 +58,7 @@ pub struct Stored {
 static INSERT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts, \
-             run_after, deadline, idempotency_key, batch_id, status, traceparent) \
+             run_after, deadline, idempotency_key, batch_id, status, traceparent, keep_personal_data) \
          SELECT coalesce(s.class, $1), coalesce(s.priority, $2), coalesce(s.tenant, $3), \
                 ($4::float8[])[s.grp] + ($5::float8[])[s.grp] * s.nth, \
                 s.recipient, s.payload, coalesce(s.max_attempts, $6), \
@@ -66,7 +66,8 @@ static INSERT: LazyLock<String> = LazyLock::new(|| {
                          coalesce(CASE WHEN s.run_at_default THEN $9::timestamptz ELSE s.run_at END, $7)), \
                 $7 + (CASE WHEN s.class IS NULL THEN $10::float8 ELSE s.deadline_s END) * interval '1 second', \
                 s.idempotency_key, $11, \
-                CASE WHEN $8 = 0 AND coalesce(s.due, $12) THEN {pending} ELSE {scheduled} END, $13 \
+                CASE WHEN $8 = 0 AND coalesce(s.due, $12) THEN {pending} ELSE {scheduled} END, $13, \
+                ($15::float8[])[array_position($14::text[], coalesce(s.class, $1))] * interval '1 second' \
          FROM batch_stage s",
         pending = JobStatus::Pending.sql(),
         scheduled = JobStatus::Scheduled.sql(),
@@ -105,6 +106,13 @@ pub async fn insert(
     let (firsts, steps) =
         fair_keys(tx, rt, parsed, delay, default_class.map_or(0, |c| c.priority), default_due).await?;
     let sql = if parsed.keyed { INSERT_KEYED.as_str() } else { INSERT.as_str() };
+    // The classes that keep a finished job's personal data, and for how many seconds (see
+    // `crate::queue::privacy`); every other class's jobs are erased as they finish.
+    let (keeping_classes, keeping_for): (Vec<&str>, Vec<f64>) = rt
+        .classes
+        .values()
+        .filter_map(|c| Some((c.settings.name.as_str(), crate::queue::privacy::keep_seconds(&c.settings)?)))
+        .unzip();
     let query = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(&defaults.class)
         .bind(default_class.map_or(0, |c| c.priority))
@@ -118,7 +126,9 @@ pub async fn insert(
         .bind(default_class.and_then(|c| c.deadline).map(|d| d.as_secs_f64()))
         .bind(batch_id)
         .bind(default_due)
-        .bind(traceparent);
+        .bind(traceparent)
+        .bind(&keeping_classes)
+        .bind(&keeping_for);
     let per_class: BTreeMap<String, u64> = if parsed.keyed {
         let rows = query.fetch_all(&mut *tx).await?;
         rows.iter().map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1) as u64)).collect()

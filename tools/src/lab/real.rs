@@ -197,6 +197,7 @@ fn lab_queue(opts: &LabOptions, strategy: Strategy, sms_url: &str, push_url: &st
         backoff_cap: Duration::from_secs(1),
         target_wait: None,
         tenant_inflight_cap: 1_000_000,
+        keep_personal_data: None,
     };
     let provider = |url: &str| ProviderSettings {
         kind: ProviderKind::Http,

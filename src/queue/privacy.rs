@@ -1,0 +1,68 @@
+//! Personal data does not outlive its use. A job's recipient and payload (a phone number, an OTP code,
+//! a message) are needed only until it is sent, and the API never shows them. So every statement that
+//! finishes a job (sent, expired, canceled, discarded) erases the payload and masks the recipient to its
+//! last four characters, in the same statement: nothing readable stays in the table, and what later
+//! dumps and backups copy holds nothing either.
+//!
+//! A class may keep them for a stated time (`keep_personal_data`, e.g. for disputes over promotional
+//! messages). The job carries its class's value from intake (`notification_jobs.keep_personal_data`);
+//! the finishing statement then sets `personal_data_erase_at` instead, and the sweep erases the job's
+//! data once that passes ([`erase_due`]). Dead letters keep both until someone retries or discards
+//! them, since a retry needs them.
+
+use std::sync::LazyLock;
+
+use sqlx::PgPool;
+
+use crate::claim::Pick;
+use crate::queue::status::JobStatus;
+use crate::queue::store::JOBS;
+
+/// `SET` items that erase a finishing job's personal data now, or schedule its erasure when its class
+/// keeps it. For statements that finish a job in every case.
+pub(crate) const ERASE_ON_FINISH: &str = "payload = CASE WHEN keep_personal_data IS NULL THEN NULL ELSE payload END, \
+     recipient = CASE WHEN keep_personal_data IS NULL THEN notification_masked(recipient) ELSE recipient END, \
+     personal_data_erase_at = clock_timestamp() + keep_personal_data";
+
+/// [`ERASE_ON_FINISH`] for a statement whose new state is the SQL expression `state`, which may be
+/// `dead`: a dead letter keeps its data for a retry.
+pub(crate) fn erase_on_finish_into(state: &str) -> String {
+    let dead = JobStatus::Dead.sql();
+    format!(
+        "payload = CASE WHEN {state} <> {dead} AND keep_personal_data IS NULL THEN NULL ELSE payload END, \
+         recipient = CASE WHEN {state} <> {dead} AND keep_personal_data IS NULL \
+                          THEN notification_masked(recipient) ELSE recipient END, \
+         personal_data_erase_at = CASE WHEN {state} <> {dead} THEN clock_timestamp() + keep_personal_data END"
+    )
+}
+
+/// Seconds a finished job of `class` keeps its payload and recipient (what intake stores with the job),
+/// or `None`: erased by the statement that finishes it.
+pub(crate) fn keep_seconds(class: &crate::config::ClassSettings) -> Option<f64> {
+    class.keep_personal_data.filter(|d| !d.is_zero()).map(|d| d.as_secs_f64())
+}
+
+static ERASE_DUE: LazyLock<String> = LazyLock::new(|| {
+    JOBS.update_picked_sql(
+        &Pick {
+            from: &JobStatus::sql_list(&JobStatus::FINISHED),
+            filter: "personal_data_erase_at < now()",
+            order_by: Some("personal_data_erase_at"),
+        },
+        "payload = NULL, recipient = notification_masked(recipient), personal_data_erase_at = NULL",
+        "t.id",
+    )
+});
+
+/// Erases the kept payload and recipient of finished jobs whose keeping time has passed, in statements
+/// of up to `batch` rows; returns how many.
+pub async fn erase_due(db: &PgPool, batch: i64) -> Result<u64, sqlx::Error> {
+    let mut total = 0;
+    loop {
+        let done = sqlx::query(sqlx::AssertSqlSafe(ERASE_DUE.as_str())).bind(batch).execute(db).await?.rows_affected();
+        total += done;
+        if (done as i64) < batch {
+            return Ok(total);
+        }
+    }
+}
