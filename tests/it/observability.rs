@@ -257,3 +257,34 @@ async fn metrics_show_the_build_readiness_process_and_database_pool() {
         assert!(text.contains(line), "{line:?} missing from /metrics");
     }
 }
+
+/// An OTP's code and number reach the provider and nothing else an operator keeps: no log line at debug
+/// level, no exported span (single enqueue and the batch's COPY path alike).
+#[tokio::test]
+async fn a_sent_otp_leaves_its_code_and_number_in_no_log_line_and_no_exported_span() {
+    let db = fresh_database().await;
+    let key = named_key(&db.pool, "notifier").await;
+    let (capture, captured) = capture_server().await;
+    let env = [("CIFPOOL_TELEMETRY__OTLP_ENDPOINT", capture.as_str()), ("RUST_LOG", "debug")];
+    let serve = Serve::start(&db.url, &capture, &env).await;
+    let http = common::client_with_key(&key);
+    let one = json!({ "class": "otp", "tenant": "t", "recipient": "+84901234567", "payload": { "code": "918273" } });
+    let r = http.post(format!("{}/v1/notifications", serve.base)).json(&one).send().await.unwrap();
+    assert_eq!(r.status(), 202);
+    let batch = json!({ "class": "otp", "tenant": "t", "jobs": [{ "recipient": "+84907654321", "payload": { "code": "550731" } }] });
+    let r = http.post(format!("{}/v1/notifications/batch", serve.base)).json(&batch).send().await.unwrap();
+    assert_eq!(r.status(), 202);
+    let by = Instant::now() + Duration::from_secs(20);
+    while captured.traceparents.lock().unwrap().len() < 2 {
+        assert!(Instant::now() < by, "the OTPs were never sent");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = serve.stop().await;
+    assert!(log.contains("DEBUG"), "the log is at debug level");
+    let exports = captured.exports.lock().unwrap().concat();
+    assert!(!exports.is_empty(), "spans were exported");
+    for secret in ["918273", "550731", "84901234567", "901234567", "84907654321", "907654321"] {
+        assert!(!log.contains(secret), "the log holds {secret:?}");
+        assert!(!exports.windows(secret.len()).any(|w| w == secret.as_bytes()), "an exported span holds {secret:?}");
+    }
+}
