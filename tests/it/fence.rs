@@ -85,20 +85,34 @@ pub(crate) fn assert_never_twice(before_dump: &[String], after_dump: &[String], 
     twice.len()
 }
 
+/// What a night between a dump and its restore leaves: the numbers confirmed before the dump, those
+/// confirmed after it, and the new database the dump went into (no service has opened it yet).
+struct Restored {
+    before_dump: Vec<String>,
+    after_dump: Vec<String>,
+    url: String,
+}
+
+/// Confirms `before` numbers, dumps `db` into `dir`, confirms `after` more, stops the service and
+/// restores the dump into a new database beside `db`.
+async fn restore_after_confirming(db: &common::TestDb, dir: &Path, before: usize, after: usize) -> Restored {
+    let file = dir.join("nightly.dump");
+    let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
+    fill(&app).await;
+    let before_dump = confirm_numbers(&app, before).await;
+    dump(&db.url, &file);
+    let after_dump = confirm_numbers(&app, after).await;
+    app.stop().await;
+    let url = empty_database(db).await;
+    run("pg_restore", &["--no-owner", "--dbname", &url, file.to_str().unwrap()]);
+    Restored { before_dump, after_dump, url }
+}
+
 #[tokio::test]
 async fn a_dump_restored_into_a_new_database_issues_none_of_the_numbers_confirmed_since_the_dump() {
     let db = common::fresh_database().await;
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("nightly.dump");
-    let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
-    fill(&app).await;
-    let before_dump = confirm_numbers(&app, 150).await;
-    dump(&db.url, &file);
-    let after_dump = confirm_numbers(&app, 150).await;
-    app.stop().await;
-
-    let restored = empty_database(&db).await;
-    run("pg_restore", &["--no-owner", "--dbname", &restored, file.to_str().unwrap()]);
+    let Restored { before_dump, after_dump, url: restored } = restore_after_confirming(&db, dir.path(), 150, 150).await;
     let app = spawn_passive_app(test_settings_with_pools(&restored)).await;
     assert!(!app.state.incarnation.halted());
     fill(&app).await;
@@ -212,15 +226,7 @@ fn test_pools_config(dir: &Path) -> PathBuf {
 async fn after_a_restore_the_customer_systems_list_is_reconciled_from_the_command_line() {
     let db = common::fresh_database().await;
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("nightly.dump");
-    let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
-    fill(&app).await;
-    let before_dump = confirm_numbers(&app, 100).await;
-    dump(&db.url, &file);
-    let after_dump = confirm_numbers(&app, 100).await;
-    app.stop().await;
-    let restored = empty_database(&db).await;
-    run("pg_restore", &["--no-owner", "--dbname", &restored, file.to_str().unwrap()]);
+    let Restored { before_dump, after_dump, url: restored } = restore_after_confirming(&db, dir.path(), 100, 100).await;
     spawn_passive_app(test_settings_with_pools(&restored)).await.stop().await;
 
     let config = test_pools_config(dir.path());

@@ -45,11 +45,17 @@ async fn counter(db: &sqlx::PgPool, pool: &str) -> i64 {
     sqlx::query_scalar("SELECT next_counter FROM cif_pools WHERE name = $1").bind(pool).fetch_one(db).await.unwrap()
 }
 
-#[tokio::test]
-async fn every_listed_code_is_issued_once_and_the_counters_move_past_them() {
+/// A fresh database and a service on it whose pools are filled.
+async fn filled_pools() -> (common::TestDb, TestApp) {
     let db = common::fresh_database().await;
     let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
     fill(&app).await;
+    (db, app)
+}
+
+#[tokio::test]
+async fn every_listed_code_is_issued_once_and_the_counters_move_past_them() {
+    let (db, app) = filled_pools().await;
     let confirmed = confirm_numbers(&app, 20).await;
     let held = crate::cif_api::reserve_ok(&app, "individual").await;
     let held_cif = held["cif"].as_str().unwrap().to_string();
@@ -136,9 +142,7 @@ async fn every_listed_code_is_issued_once_and_the_counters_move_past_them() {
 
 #[tokio::test]
 async fn a_list_with_invalid_lines_is_reported_and_never_applied() {
-    let db = common::fresh_database().await;
-    let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
-    fill(&app).await;
+    let (db, app) = filled_pools().await;
     let good = confirm_numbers(&app, 3).await;
     let mut typo = good[0].clone().into_bytes();
     typo[3] = if typo[3] == b'0' { b'1' } else { b'0' };
