@@ -99,6 +99,9 @@ pub mod action {
     pub const DLQ_RETRIED: &str = "dlq.retried";
     /// One dead letter was discarded (detail: job).
     pub const DLQ_DISCARDED: &str = "dlq.discarded";
+    /// One recipient's personal data was erased on request (detail: tenant, matched, canceled,
+    /// discarded, erased, in_flight; never the recipient).
+    pub const PERSONAL_DATA_ERASED: &str = "personal_data.erased";
     /// An admin signed in to the operations console (the actor is the key that signed in).
     pub const CONSOLE_SIGNED_IN: &str = "console.signed_in";
     /// An admin signed out of the operations console.

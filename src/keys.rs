@@ -22,8 +22,10 @@ use subtle::ConstantTimeEq;
 /// Length in bytes of both the master key and every pool key.
 pub const KEY_LEN: usize = 32;
 
-/// HKDF salt; versioned so a future derivation scheme cannot collide with this one.
+/// HKDF salt of pool keys; versioned so a future derivation scheme cannot collide with this one.
 const POOL_KEY_SALT: &[u8] = b"cifpool/v1/pool-key";
+/// HKDF salt of personal-data keys: another salt than the pools', so no pool key can equal one.
+const PERSONAL_DATA_KEY_SALT: &[u8] = b"cifpool/v1/personal-data-key";
 
 /// Errors from parsing or loading key material. Messages never contain key bytes.
 #[derive(Debug, thiserror::Error)]
@@ -184,17 +186,38 @@ impl MasterKey {
     /// The info string length-prefixes both fields, so ("ab", "c") and ("a", "bc")
     /// cannot collide.
     pub fn derive_pool_key(&self, pool_name: &str, key_id: &str) -> PoolKey {
-        let mut info = Vec::with_capacity(8 + pool_name.len() + key_id.len());
-        for part in [pool_name, key_id] {
+        PoolKey(self.expand(POOL_KEY_SALT, &[pool_name, key_id]))
+    }
+
+    /// Derives the key that seals notification jobs' recipients and payloads under `key_id` (see
+    /// `crate::queue::seal`): each id gives an independent key, so a new id starts a new key while
+    /// rows sealed under earlier ids stay readable by whoever holds this master key.
+    pub fn derive_personal_data_key(&self, key_id: &str) -> PersonalDataKey {
+        PersonalDataKey(self.expand(PERSONAL_DATA_KEY_SALT, &[key_id]))
+    }
+
+    /// HKDF-SHA256 of this key with `salt`, the info being each part length-prefixed.
+    fn expand(&self, salt: &[u8], parts: &[&str]) -> [u8; KEY_LEN] {
+        let mut info = Vec::with_capacity(parts.iter().map(|p| 4 + p.len()).sum());
+        for part in parts {
             // u32 lengths: names longer than 4 GiB are not a realistic input.
             info.extend_from_slice(&(part.len() as u32).to_be_bytes());
             info.extend_from_slice(part.as_bytes());
         }
-        let hk = Hkdf::<Sha256>::new(Some(POOL_KEY_SALT), &self.0);
+        let hk = Hkdf::<Sha256>::new(Some(salt), &self.0);
         let mut okm = [0u8; KEY_LEN];
         hk.expand(&info, &mut okm).expect("32 bytes is far below HKDF-SHA256's 8160-byte output limit");
-        PoolKey(okm)
+        okm
     }
+}
+
+/// HMAC-SHA256 of `label` under `key`, first 16 bytes in hex: tells whether two instances hold the
+/// same key without revealing it.
+fn check_value_of(key: &[u8; KEY_LEN], label: &[u8]) -> String {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
+    mac.update(label);
+    mac.finalize().into_bytes()[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Drop for MasterKey {
@@ -238,10 +261,7 @@ impl PoolKey {
     /// master key or `key_id` gives another value) without revealing the key; the label keeps it apart
     /// from the permutation's own use of the key (AES).
     pub fn check_value(&self) -> String {
-        use hmac::Mac;
-        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
-        mac.update(b"cifpool pool key check v1");
-        mac.finalize().into_bytes()[..16].iter().map(|b| format!("{b:02x}")).collect()
+        check_value_of(&self.0, b"cifpool pool key check v1")
     }
 }
 
@@ -265,6 +285,36 @@ impl PartialEq for PoolKey {
 }
 
 impl Eq for PoolKey {}
+
+/// The 32-byte key that seals notification jobs' personal data under one `personal_data_key_id`.
+#[derive(Clone)]
+pub struct PersonalDataKey([u8; KEY_LEN]);
+
+impl PersonalDataKey {
+    /// Raw key bytes, kept crate-private so only the sealing code can read them.
+    pub(crate) fn as_bytes(&self) -> &[u8; KEY_LEN] {
+        &self.0
+    }
+
+    /// A key check value (as [`PoolKey::check_value`], under its own label): recorded with the key id
+    /// the first time it is used, it lets an instance started with another master key be refused
+    /// before it seals a row the others cannot open.
+    pub fn check_value(&self) -> String {
+        check_value_of(&self.0, b"cifpool personal data key check v1")
+    }
+}
+
+impl Drop for PersonalDataKey {
+    fn drop(&mut self) {
+        wipe(&mut self.0);
+    }
+}
+
+impl fmt::Debug for PersonalDataKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PersonalDataKey([redacted])")
+    }
+}
 
 /// Finds the master key: `CIFPOOL_MASTER_KEY` (hex), then `security.master_key_file`; with the embedded
 /// database only (a dev set-up), a key generated once into the data directory's parent, which

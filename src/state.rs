@@ -39,9 +39,11 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Bundles the parts, building the queue runtime (providers) from the settings.
-    pub fn new(db: PgPool, settings: Settings, pools: Pools) -> AppState {
-        let queue = QueueRuntime::new(settings.queue.clone());
+    /// Bundles the parts, building the queue runtime (providers) from the settings; jobs' personal
+    /// data is sealed under a key derived from `master`.
+    pub fn new(db: PgPool, settings: Settings, pools: Pools, master: &crate::keys::MasterKey) -> AppState {
+        let seal = crate::queue::seal::Seal::from_settings(master, &settings.security);
+        let queue = QueueRuntime::new(settings.queue.clone(), seal);
         Self::with_queue(db, settings, pools, queue)
     }
 

@@ -34,6 +34,19 @@ pub enum QueueCommand {
         /// The batch id `POST /v1/notifications/batch` answered.
         id: i64,
     },
+    /// Erase what the service holds of one recipient (a customer's erasure request): waiting jobs are
+    /// canceled, dead letters discarded, finished jobs' kept data erased. Reads and opens every job
+    /// still holding personal data; prints the counts as JSON. Needs the master key.
+    EraseRecipient {
+        /// The phone number, device token, … exactly as it was enqueued.
+        recipient: String,
+        /// Only this tenant's jobs.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Make the changes (without it, only count).
+        #[arg(long)]
+        apply: bool,
+    },
 }
 
 /// `cifpool keys …`
@@ -209,9 +222,10 @@ pub(super) async fn run_audit(db: &sqlx::PgPool, args: AuditArgs) -> anyhow::Res
 
 pub(super) async fn run_queue(
     db: &sqlx::PgPool,
-    queue: &crate::config::QueueSettings,
+    settings: &crate::config::Settings,
     command: QueueCommand,
 ) -> anyhow::Result<()> {
+    let queue = &settings.queue;
     use crate::queue::{cancel, pause};
     let actor = &crate::audit::Actor::cli();
     let set = |kind: pause::PauseKind, name: String, paused: bool| async move {
@@ -241,6 +255,16 @@ pub(super) async fn run_queue(
             let batch = cancel::batch(db, id).await?.ok_or_else(|| anyhow::anyhow!("no batch {id}"))?;
             let canceled = cancel::cancel_batch(db, &batch, actor).await?;
             println!("{}", serde_json::json!({ "batch_id": id, "canceled": canceled }));
+        }
+        QueueCommand::EraseRecipient { recipient, tenant, apply } => {
+            let master = crate::keys::resolve_master_key(settings, false)?;
+            let seal = crate::queue::seal::Seal::from_settings(&master, &settings.security);
+            let report =
+                crate::queue::erase::erase_recipient(db, &seal, &recipient, tenant.as_deref(), apply, actor).await?;
+            println!("{}", serde_json::to_string(&report)?);
+            if !apply && report.matched > 0 {
+                eprintln!("dry run: nothing was changed; run again with --apply to erase");
+            }
         }
     }
     Ok(())

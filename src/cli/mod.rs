@@ -213,8 +213,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Queue(command) => {
             crate::telemetry::init_logging(settings.log.format, "warn");
-            let queue = settings.queue.clone();
-            with_database(&settings, move |db| Box::pin(async move { run_queue(db, &queue, command).await }))?;
+            let settings_ = settings.clone();
+            with_database(&settings, move |db| Box::pin(async move { run_queue(db, &settings_, command).await }))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Pools(command) => {

@@ -198,7 +198,7 @@ pub struct TelemetrySettings {
 }
 
 /// `[security]`
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SecuritySettings {
     /// Bearer token for `/admin`; admin endpoints answer 401 to everyone while it is unset.
@@ -220,6 +220,36 @@ pub struct SecuritySettings {
     /// socket's peer is the client.
     #[serde(default)]
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Seal notification jobs' recipients and payloads before they reach the database (see
+    /// `crate::queue::seal`). Off only to measure what sealing costs: jobs are then stored in clear.
+    #[serde(default = "default_seal_personal_data")]
+    pub seal_personal_data: bool,
+    /// Names the key new jobs are sealed under (derived from the master key and this id). A new id
+    /// starts a new key; jobs sealed under earlier ids stay readable.
+    #[serde(default = "default_personal_data_key_id")]
+    pub personal_data_key_id: String,
+}
+
+impl Default for SecuritySettings {
+    fn default() -> Self {
+        SecuritySettings {
+            admin_token: None,
+            master_key_file: None,
+            requests_per_second_per_key: default_requests_per_second_per_key(),
+            failed_auth_per_minute: default_failed_auth_per_minute(),
+            trusted_proxies: Vec::new(),
+            seal_personal_data: default_seal_personal_data(),
+            personal_data_key_id: default_personal_data_key_id(),
+        }
+    }
+}
+
+fn default_seal_personal_data() -> bool {
+    true
+}
+
+fn default_personal_data_key_id() -> String {
+    "1".to_string()
 }
 
 fn default_requests_per_second_per_key() -> u32 {
@@ -407,6 +437,10 @@ impl Settings {
             && token.expose_secret().len() < 16
         {
             return invalid("security.admin_token", "must be at least 16 characters");
+        }
+        let key_id = &self.security.personal_data_key_id;
+        if key_id.is_empty() || key_id.len() > 64 || key_id.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return invalid("security.personal_data_key_id", "must be 1 to 64 characters, without spaces");
         }
         pools::validate(&self.pools)?;
         self.queue.validate()

@@ -87,6 +87,8 @@ pub async fn enqueue_one(
     delay: Duration,
 ) -> Result<Enqueued, sqlx::Error> {
     let class = &rt.classes[&job.class].settings;
+    // Sealed before the transaction: no lock is held while it encrypts.
+    let stored = rt.seal.store(&job.recipient, job.payload.get());
     // No look-up first: callers that need one before admission do it ([`existing`]); a repeated key
     // loses the insert below and gets the existing job back.
     let mut tx = db.begin().await?;
@@ -99,19 +101,19 @@ pub async fn enqueue_one(
     let id: Option<i64> = sqlx::query_scalar(
         "INSERT INTO notification_jobs \
             (class, priority, tenant, fair_key, recipient, payload, max_attempts, run_after, deadline, idempotency_key, \
-             status, traceparent, keep_personal_data) \
+             status, traceparent, keep_personal_data, sealed, sealed_with) \
          VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, \
                  greatest(now() + $8::float8 * interval '1 second', coalesce($11, now())), \
                  clock_timestamp() + $9::float8 * interval '1 second', $10, $12, $13, \
-                 $14::float8 * interval '1 second') \
+                 $14::float8 * interval '1 second', $15, $16) \
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id",
     )
     .bind(&job.class)
     .bind(class.priority)
     .bind(&job.tenant)
     .bind(fair_key)
-    .bind(&job.recipient)
-    .bind(job.payload.get())
+    .bind(stored.recipient.as_ref())
+    .bind(stored.payload)
     .bind(class.max_attempts as i32)
     .bind(delay.as_secs_f64())
     .bind(class.deadline.map(|d| d.as_secs_f64()))
@@ -120,6 +122,8 @@ pub async fn enqueue_one(
     .bind(initial_status(due))
     .bind(crate::telemetry::traces::current_traceparent())
     .bind(crate::queue::privacy::keep_seconds(class))
+    .bind(&stored.sealed)
+    .bind(stored.sealed_with)
     .fetch_optional(&mut *tx)
     .await?;
     tx.commit().await?;

@@ -19,6 +19,7 @@
 //! - [`provider`]: the `Provider` trait, the HTTP provider and the no-op one.
 //! - [`budget`]: provider budgets for the whole deployment: concurrency shares, AIMD, rate, pauses.
 //! - [`scrub`]: provider error texts without URLs or credentials, bounded, before they are kept.
+//! - [`seal`]: recipients and payloads encrypted by the service before they reach the database.
 //! - [`privacy`]: a finished job's payload erased and recipient masked, at once or after its class's
 //!   `keep_personal_data`.
 //! - [`fake_provider`]: `cifpool fake-provider`, a provider double with latency, errors and hangs.
@@ -31,12 +32,14 @@
 //! Operating it:
 //! - [`cancel`]: cancel one job or a batch's unsent jobs; what a batch holds.
 //! - [`pause`]: pause and resume a class or a provider for every pod.
+//! - [`erase`]: one customer's personal data erased on request.
 
 pub mod batch;
 pub mod budget;
 pub mod cancel;
 pub mod dlq;
 pub mod enqueue;
+pub mod erase;
 pub mod fake_provider;
 pub mod finish;
 pub mod intake;
@@ -47,6 +50,7 @@ pub mod privacy;
 pub mod provider;
 pub mod runtime;
 pub mod scrub;
+pub mod seal;
 pub mod stage;
 pub mod stats;
 pub mod status;

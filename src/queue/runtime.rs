@@ -48,19 +48,22 @@ pub struct QueueRuntime {
     pauses: std::sync::RwLock<Pauses>,
     /// One permit per batch request this instance may receive at once (`max_concurrent_batches`).
     pub batch_permits: Arc<tokio::sync::Semaphore>,
+    /// Seals recipients and payloads at intake and opens them after a claim.
+    pub seal: crate::queue::seal::Seal,
 }
 
 impl QueueRuntime {
-    /// Builds providers and classes from settings.
-    pub fn new(settings: QueueSettings) -> Arc<QueueRuntime> {
+    /// Builds providers and classes from settings; jobs' personal data goes through `seal`.
+    pub fn new(settings: QueueSettings, seal: crate::queue::seal::Seal) -> Arc<QueueRuntime> {
         let providers = build_providers(&settings.providers);
-        Self::with_providers(settings, providers)
+        Self::with_providers(settings, providers, seal)
     }
 
     /// Like [`QueueRuntime::new`] with given providers (tests, the lab).
     pub fn with_providers(
         settings: QueueSettings,
         providers: BTreeMap<String, Arc<ProviderHandle>>,
+        seal: crate::queue::seal::Seal,
     ) -> Arc<QueueRuntime> {
         let classes = settings
             .classes
@@ -81,6 +84,7 @@ impl QueueRuntime {
             liveness: Default::default(),
             member: Uuid::new_v4(),
             pauses: Default::default(),
+            seal,
         })
     }
 

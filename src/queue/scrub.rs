@@ -47,22 +47,10 @@ pub fn scrub_job_error(text: &str, recipient: &str) -> String {
     let bare = recipient.trim_start_matches('+');
     for quoted in [recipient, bare] {
         if quoted.chars().count() > 6 {
-            text = text.replace(quoted, &masked(quoted));
+            text = text.replace(quoted, &crate::queue::privacy::masked(quoted));
         }
     }
     scrub_error(&text)
-}
-
-/// The recipient as the database masks it (`notification_masked`): the last four characters of a
-/// longer one, nothing of a short one.
-fn masked(recipient: &str) -> String {
-    let n = recipient.chars().count();
-    if n > 6 {
-        let tail: String = recipient.chars().skip(n - 4).collect();
-        format!("{}{tail}", "*".repeat(n - 4))
-    } else {
-        "*".repeat(n)
-    }
 }
 
 #[cfg(test)]

@@ -138,7 +138,7 @@ impl WorkerGroup {
         }
         let lease = self.runtime.settings.lease;
         let sql = if classes.iter().any(|c| c.cap_binds) { &self.claim_sql.0 } else { &self.claim_sql.1 };
-        let mut claimed = store::claim(&self.db, sql, limit, lease, &classes).await?;
+        let mut claimed = store::claim(&self.db, sql, limit, lease, &classes, &self.runtime.seal).await?;
         // A row nobody can read must not hold up the rest of its batch, nor come back after its lease.
         for job in std::mem::take(&mut claimed.unreadable) {
             tracing::warn!(job = job.id, error = %job.error, "claimed job cannot be read: dead-lettered");

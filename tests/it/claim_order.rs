@@ -74,7 +74,7 @@ async fn both_orders(db: &PgPool, order: ClaimOrder, capped: bool, jobs: &[(i16,
     let sql = store::claim_sql(&policy, capped);
     let mut claimed = Vec::new();
     loop {
-        let got = store::claim(db, &sql, 1, Duration::from_secs(60), &classes).await.unwrap();
+        let got = store::claim(db, &sql, 1, Duration::from_secs(60), &classes, &test_seal()).await.unwrap();
         assert_eq!(got.stopped_at, None, "room for every job");
         let Some(job) = got.jobs.first() else { break };
         claimed.push(job.id);
@@ -117,8 +117,9 @@ async fn room_gate(
     let classes: Vec<ClaimClass> =
         (0..4).map(|p| if p < 2 { class(p, "a", free.0, capped) } else { class(p, "b", free.1, capped) }).collect();
     let policy = policy(order, &classes);
-    let got =
-        store::claim(db, &store::claim_sql(&policy, capped), 64, Duration::from_secs(60), &classes).await.unwrap();
+    let got = store::claim(db, &store::claim_sql(&policy, capped), 64, Duration::from_secs(60), &classes, &test_seal())
+        .await
+        .unwrap();
     keys.sort_by(|a, b| policy.compare(a, b));
     // An UPDATE returns its rows in no set order: put them in claim order to compare.
     let rank: std::collections::HashMap<i64, usize> = keys.iter().enumerate().map(|(i, k)| (k.id, i)).collect();
@@ -169,4 +170,9 @@ fn order_columns_render_the_claim_index() {
     let z = JobKey { id: 3, priority: 0, fair_key: -0.0 };
     let p = JobKey { id: 4, priority: 0, fair_key: 0.0 };
     assert!(ClaimOrder::Priority.compare(&z, &p).is_lt(), "-0 = 0, so the id decides");
+}
+
+/// The rows here are written in clear, as jobs stored before sealing are: the seal only opens sealed ones.
+fn test_seal() -> cifpool::queue::seal::Seal {
+    cifpool::queue::seal::Seal::new(&crate::common::test_master_key(), "test", true)
 }

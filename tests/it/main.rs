@@ -44,4 +44,5 @@ mod provider_failures;
 mod queue;
 mod queue_ops;
 mod reconcile;
+mod sealing;
 mod shutdown;

@@ -13,11 +13,12 @@ use common::TEST_ADMIN_TOKEN;
 use common::queue_env::{Env, drain, env_with};
 use serde_json::{Value, json};
 
-/// Payload text, recipient, kept-for and erase-at of job `id`.
-async fn stored(e: &Env, id: i64) -> (Option<String>, String, Option<f64>, bool) {
+/// Payload text in clear, recipient column, kept-for, whether its erasure is scheduled, and whether it
+/// holds sealed data, of job `id`.
+async fn stored(e: &Env, id: i64) -> (Option<String>, String, Option<f64>, bool, bool) {
     sqlx::query_as(
         "SELECT payload::text, recipient, extract(epoch FROM keep_personal_data)::float8, \
-                personal_data_erase_at IS NOT NULL FROM notification_jobs WHERE id = $1",
+                personal_data_erase_at IS NOT NULL, sealed IS NOT NULL FROM notification_jobs WHERE id = $1",
     )
     .bind(id)
     .fetch_one(&e.db.pool)
@@ -49,17 +50,14 @@ async fn a_sent_otp_keeps_nothing_readable_and_a_kept_class_is_erased_when_its_t
     )
     .await;
     let promo = enqueue(&e, json!({ "class": "promo", "tenant": "bank", "recipient": "device-token-abcdef", "payload": {"text": "spring-offer-77"} })).await;
-    assert_eq!(stored(&e, otp).await, (Some(r#"{"code": "918273"}"#.into()), "+84901234567".into(), None, false));
+    assert_eq!(stored(&e, otp).await, (None, "********4567".into(), None, false, true), "sealed at intake");
     assert_eq!(stored(&e, promo).await.2, Some(30.0 * 86_400.0));
     drain(&e.group(Strategy::Fifo, 0)).await;
     assert_eq!((e.status(otp).await, e.status(promo).await), ("sent".into(), "sent".into()));
 
-    assert_eq!(stored(&e, otp).await, (None, "********4567".into(), None, false), "erased as it was sent");
-    let (payload, recipient, _, erase_scheduled) = stored(&e, promo).await;
-    assert_eq!(
-        (payload.as_deref(), recipient.as_str(), erase_scheduled),
-        (Some(r#"{"text": "spring-offer-77"}"#), "device-token-abcdef", true)
-    );
+    assert_eq!(stored(&e, otp).await, (None, "********4567".into(), None, false, false), "erased as it was sent");
+    let (payload, recipient, _, erase_scheduled, sealed) = stored(&e, promo).await;
+    assert_eq!((payload, recipient.as_str(), erase_scheduled, sealed), (None, "***************cdef", true, true));
     let erase_at_in_days: f64 = sqlx::query_scalar(
         "SELECT extract(epoch FROM personal_data_erase_at - finished_at)::float8 / 86400 FROM notification_jobs WHERE id = $1",
     )
@@ -77,7 +75,7 @@ async fn a_sent_otp_keeps_nothing_readable_and_a_kept_class_is_erased_when_its_t
         .await
         .unwrap();
     assert_eq!(cifpool::queue::privacy::erase_due(&e.db.pool, 1000).await.unwrap(), 1);
-    assert_eq!(stored(&e, promo).await, (None, "***************cdef".into(), Some(30.0 * 86_400.0), false));
+    assert_eq!(stored(&e, promo).await, (None, "***************cdef".into(), Some(30.0 * 86_400.0), false, false));
 
     // What a backup would copy: neither the code nor the number.
     let dump =
@@ -104,13 +102,13 @@ async fn expired_canceled_and_discarded_jobs_are_erased_and_dead_letters_keep_th
         .unwrap();
     cifpool::queue::store::expire_overdue(&e.db.pool, 100).await.unwrap();
     assert_eq!(e.status(expired).await, "expired");
-    assert_eq!(stored(&e, expired).await, (None, "********0001".into(), None, false));
+    assert_eq!(stored(&e, expired).await, (None, "********0001".into(), None, false, false));
 
     // Canceled, alone and with its batch.
     let canceled = enqueue(&e, job("+84900000002")).await;
     let r = e.app.client.post(e.app.url(&format!("/v1/notifications/{canceled}/cancel"))).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(stored(&e, canceled).await, (None, "********0002".into(), None, false));
+    assert_eq!(stored(&e, canceled).await, (None, "********0002".into(), None, false, false));
     let batch = e.batch("transactional", "bank", 3).await;
     let r = e
         .app
@@ -120,7 +118,7 @@ async fn expired_canceled_and_discarded_jobs_are_erased_and_dead_letters_keep_th
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    let left = e.count("SELECT count(*) FROM notification_jobs WHERE status = 'canceled' AND (payload IS NOT NULL OR recipient LIKE 'dev-%')").await;
+    let left = e.count("SELECT count(*) FROM notification_jobs WHERE status = 'canceled' AND (payload IS NOT NULL OR sealed IS NOT NULL OR recipient LIKE 'dev-%')").await;
     assert_eq!(left, 0);
 
     // Refused by the provider: a dead letter keeps its data for a retry; discarded, it is erased.
@@ -128,11 +126,11 @@ async fn expired_canceled_and_discarded_jobs_are_erased_and_dead_letters_keep_th
     let dead = enqueue(&e, job("+84900000003")).await;
     drain(&e.group(Strategy::Fifo, 0)).await;
     assert_eq!(e.status(dead).await, "dead");
-    assert_eq!(stored(&e, dead).await, (Some(r#"{"otp": "1"}"#.into()), "+84900000003".into(), None, false));
+    assert_eq!(stored(&e, dead).await, (None, "********0003".into(), None, false, true), "kept, sealed");
     let admin = common::client_with_key(TEST_ADMIN_TOKEN);
     let r = admin.post(e.app.url(&format!("/admin/dlq/{dead}/discard"))).send().await.unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    assert_eq!(stored(&e, dead).await, (None, "********0003".into(), None, false));
+    assert_eq!(stored(&e, dead).await, (None, "********0003".into(), None, false, false));
 
     // A kept class's batch jobs carry its keeping time; the others none.
     e.batch("promo", "bank", 2).await;

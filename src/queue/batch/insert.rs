@@ -23,7 +23,7 @@ const CREATE_STAGE: &str = "CREATE TEMP TABLE batch_stage ( \
         grp int4 NOT NULL, nth int8 NOT NULL, \
         class text, priority int2, max_attempts int4, deadline_s float8, \
         tenant text, run_at timestamptz, run_at_default bool NOT NULL, due bool, \
-        recipient text NOT NULL, payload jsonb NOT NULL, idempotency_key text \
+        recipient text NOT NULL, payload jsonb, sealed bytea, idempotency_key text \
     ) ON COMMIT DROP";
 
 /// Begins the batch's work on `tx`: its statement timeout and the staging table.
@@ -58,7 +58,7 @@ pub struct Stored {
 static INSERT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts, \
-             run_after, deadline, idempotency_key, batch_id, status, traceparent, keep_personal_data) \
+             run_after, deadline, idempotency_key, batch_id, status, traceparent, keep_personal_data, sealed, sealed_with) \
          SELECT coalesce(s.class, $1), coalesce(s.priority, $2), coalesce(s.tenant, $3), \
                 ($4::float8[])[s.grp] + ($5::float8[])[s.grp] * s.nth, \
                 s.recipient, s.payload, coalesce(s.max_attempts, $6), \
@@ -67,7 +67,8 @@ static INSERT: LazyLock<String> = LazyLock::new(|| {
                 $7 + (CASE WHEN s.class IS NULL THEN $10::float8 ELSE s.deadline_s END) * interval '1 second', \
                 s.idempotency_key, $11, \
                 CASE WHEN $8 = 0 AND coalesce(s.due, $12) THEN {pending} ELSE {scheduled} END, $13, \
-                ($15::float8[])[array_position($14::text[], coalesce(s.class, $1))] * interval '1 second' \
+                ($15::float8[])[array_position($14::text[], coalesce(s.class, $1))] * interval '1 second', \
+                s.sealed, CASE WHEN s.sealed IS NOT NULL THEN $16 END \
          FROM batch_stage s",
         pending = JobStatus::Pending.sql(),
         scheduled = JobStatus::Scheduled.sql(),
@@ -128,7 +129,8 @@ pub async fn insert(
         .bind(default_due)
         .bind(traceparent)
         .bind(&keeping_classes)
-        .bind(&keeping_for);
+        .bind(&keeping_for)
+        .bind(rt.seal.key_id());
     let per_class: BTreeMap<String, u64> = if parsed.keyed {
         let rows = query.fetch_all(&mut *tx).await?;
         rows.iter().map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1) as u64)).collect()

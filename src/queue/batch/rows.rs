@@ -111,7 +111,21 @@ impl Rows {
             Some(false) => "f\t",
             None => "\\N\t",
         });
-        let _ = write!(text, "{}\t{}\t", escape(&job.recipient), escape(job.payload.get()));
+        let stored = rt.seal.store(&job.recipient, job.payload.get());
+        text.push_str(&escape(&stored.recipient));
+        text.push('\t');
+        match (stored.payload, &stored.sealed) {
+            (Some(payload), _) => {
+                text.push_str(&escape(payload));
+                text.push_str("\t\\N\t");
+            }
+            (None, Some(sealed)) => {
+                text.push_str("\\N\t");
+                push_bytea(text, sealed);
+                text.push('\t');
+            }
+            (None, None) => text.push_str("\\N\t\\N\t"),
+        }
         match &job.idempotency_key {
             Some(key) => {
                 self.keyed = true;
@@ -166,6 +180,17 @@ impl Rows {
 }
 
 /// Escapes a value for COPY's text format (backslash, tab, newline, carriage return).
+/// `bytes` as a `bytea` field of COPY text: `\\x` and hex digits (the backslash doubled for COPY).
+fn push_bytea(text: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    text.reserve(3 + 2 * bytes.len());
+    text.push_str("\\\\x");
+    for b in bytes {
+        text.push(HEX[usize::from(b >> 4)] as char);
+        text.push(HEX[usize::from(b & 15)] as char);
+    }
+}
+
 fn escape(value: &str) -> std::borrow::Cow<'_, str> {
     if !value.contains(['\\', '\t', '\n', '\r']) {
         return std::borrow::Cow::Borrowed(value);
@@ -185,7 +210,14 @@ fn escape(value: &str) -> std::borrow::Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
-    use super::escape;
+    use super::{escape, push_bytea};
+
+    #[test]
+    fn bytes_go_as_hex_behind_a_doubled_backslash() {
+        let mut text = String::new();
+        push_bytea(&mut text, &[0x00, 0x9f, 0xff]);
+        assert_eq!(text, "\\\\x009fff");
+    }
 
     #[test]
     fn escape_doubles_backslashes_and_escapes_separators() {

@@ -9,6 +9,7 @@ use uuid::Uuid;
 use super::{CLAIMABLE, ClaimedJob, JOBS, SENDING, mark_final_fenced};
 use crate::claim::{ClaimSpec, Fenced};
 use crate::queue::policy::GroupPolicy;
+use crate::queue::seal::Seal;
 use crate::queue::status::JobStatus;
 
 /// The claim statement of one group: its classes, its order, per-tenant in-flight caps, provider room.
@@ -115,8 +116,8 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool) -> String {
 }
 
 const CLAIM_SET: &str = "attempts = t.attempts + 1, picked_at = coalesce(t.picked_at, clock_timestamp())";
-const CLAIM_RETURNING: &str = "t.id, t.class, t.tenant, t.recipient, t.payload, t.attempts, t.max_attempts, \
-     t.deadline, t.lease_token, t.created_at, t.picked_at, t.traceparent";
+const CLAIM_RETURNING: &str = "t.id, t.class, t.tenant, t.recipient, t.payload, t.sealed, t.sealed_with, t.attempts, \
+     t.max_attempts, t.deadline, t.lease_token, t.created_at, t.picked_at, t.traceparent";
 
 /// Whether a class's tenant cap can ever bind: not when it is at least its provider's deployment-wide
 /// `max_concurrency`, since no more calls than that are ever in flight to the provider at all.
@@ -153,13 +154,14 @@ pub struct Claimed {
 }
 
 /// Claims up to `limit` jobs of `classes` with a prepared [`claim_sql`] statement, one autocommit
-/// statement.
+/// statement; sealed recipients and payloads are opened with `seal`.
 pub async fn claim(
     db: &PgPool,
     sql: &str,
     limit: usize,
     lease: Duration,
     classes: &[ClaimClass],
+    seal: &Seal,
 ) -> Result<Claimed, sqlx::Error> {
     let names: Vec<&str> = classes.iter().map(|c| c.name.as_str()).collect();
     let caps: Vec<i32> = classes.iter().map(|c| c.tenant_cap).collect();
@@ -187,7 +189,7 @@ pub async fn claim(
         }
         // The one row of a claim that took nothing has NULL claim columns.
         let Some(id) = r.try_get::<Option<i64>, _>("id")? else { continue };
-        match decode(id, &r) {
+        match decode(id, &r, seal) {
             Ok(job) => claimed.jobs.push(job),
             Err(e) => {
                 claimed.unreadable.push(Unreadable { id, token: r.try_get("lease_token")?, error: e.to_string() })
@@ -197,15 +199,25 @@ pub async fn claim(
     Ok(claimed)
 }
 
-/// A claimed row as a [`ClaimedJob`]; an error for a row the worker cannot read (a payload stored
-/// before intake refused such payloads, or written by hand).
-fn decode(id: i64, r: &sqlx::postgres::PgRow) -> Result<ClaimedJob, sqlx::Error> {
+/// A claimed row as a [`ClaimedJob`], its sealed recipient and payload opened (a row stored in clear
+/// is read as it is); an error for a row the worker cannot read (a payload stored before intake
+/// refused such payloads, written by hand, or sealed data that does not open).
+fn decode(id: i64, r: &sqlx::postgres::PgRow, seal: &Seal) -> Result<ClaimedJob, sqlx::Error> {
+    let unreadable = |e: Box<dyn std::error::Error + Send + Sync>| sqlx::Error::Decode(e);
+    let (recipient, payload) = match r.try_get::<Option<&[u8]>, _>("sealed")? {
+        Some(sealed) => {
+            let key_id: Option<&str> = r.try_get("sealed_with")?;
+            let opened = seal.open(key_id.unwrap_or_default(), sealed).map_err(|e| unreadable(e.into()))?;
+            (opened.recipient, serde_json::from_str(&opened.payload).map_err(|e| unreadable(e.into()))?)
+        }
+        None => (r.try_get("recipient")?, r.try_get("payload")?),
+    };
     Ok(ClaimedJob {
         id,
         class: r.try_get("class")?,
         tenant: r.try_get("tenant")?,
-        recipient: r.try_get("recipient")?,
-        payload: r.try_get("payload")?,
+        recipient,
+        payload,
         attempt: r.try_get("attempts")?,
         max_attempts: r.try_get("max_attempts")?,
         deadline: r.try_get("deadline")?,

@@ -36,7 +36,7 @@ pub async fn env_with(tweak: impl FnOnce(&mut cifpool::config::Settings)) -> Env
 }
 
 /// Worker group `index` of `strategy`'s preset on `app`.
-fn group_of(app: &TestApp, strategy: Strategy, index: usize) -> Arc<WorkerGroup> {
+pub fn group_of(app: &TestApp, strategy: Strategy, index: usize) -> Arc<WorkerGroup> {
     let all = ["otp", "transactional", "promo"].map(String::from).to_vec();
     let policy = strategy.groups(20, 6, &["otp".to_string()], &all).remove(index);
     WorkerGroup::new(policy, app.state.db.clone(), app.state.queue.clone())
@@ -122,6 +122,27 @@ impl Env {
     /// second in a running instance); returns how many.
     pub async fn promote(&self) -> u64 {
         cifpool::queue::stage::promote_due(&self.app.state.db, &self.app.state.queue).await.unwrap()
+    }
+
+    /// Every job's id, recipient and payload as enqueued, in id order: sealed ones opened as a worker
+    /// opens them, ones stored in clear read as they are.
+    pub async fn opened(&self) -> Vec<(i64, String, Value)> {
+        use sqlx::Row;
+        let rows = sqlx::query("SELECT id, recipient, payload, sealed, sealed_with FROM notification_jobs ORDER BY id")
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap();
+        let seal = &self.app.state.queue.seal;
+        rows.iter()
+            .map(|r| match r.get::<Option<&[u8]>, _>("sealed") {
+                Some(sealed) => {
+                    let opened =
+                        seal.open(r.get::<Option<&str>, _>("sealed_with").unwrap_or_default(), sealed).unwrap();
+                    (r.get("id"), opened.recipient, serde_json::from_str(&opened.payload).unwrap())
+                }
+                None => (r.get("id"), r.get("recipient"), r.get::<Option<Value>, _>("payload").unwrap_or(Value::Null)),
+            })
+            .collect()
     }
 
     /// Runs a `SELECT count(*)` query.

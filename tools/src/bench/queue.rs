@@ -200,6 +200,11 @@ pub async fn run(
         "reserved": q.reserved,
         "claim_batch": q.claim_batch,
         "database_max_connections": settings.database.max_connections,
+        "personal_data": if settings.security.seal_personal_data {
+            "sealed at intake (XChaCha20-Poly1305), opened after the claim"
+        } else {
+            "stored in clear (security.seal_personal_data = false)"
+        },
         "client": "reqwest in the same process as both service instances",
         "peer": if opts.peer { super::graphile::settings() } else { "off (--no-peer)".into() },
         "peer_order": "the peer drains on its own database just before cifpool's drain phase",

@@ -251,7 +251,11 @@ pub async fn run_cell(
     let (push_latency, sms_latency) = opts.latencies(scenario);
     let (_sms, sms_url, sms_stop) = fake(sms_latency).await?;
     let (_push, push_url, push_stop) = fake(push_latency).await?;
-    let rt = QueueRuntime::new(lab_queue(opts, strategy, &sms_url, &push_url));
+    // Jobs sealed as the service seals them, under a key of the lab's own.
+    static MASTER: std::sync::LazyLock<cifpool::keys::MasterKey> =
+        std::sync::LazyLock::new(cifpool::keys::MasterKey::generate);
+    let seal = cifpool::queue::seal::Seal::new(&MASTER, "lab", true);
+    let rt = QueueRuntime::new(lab_queue(opts, strategy, &sms_url, &push_url), seal);
 
     // The promo backlog goes in through the service's own batch intake, as `POST
     // /v1/notifications/batch` would put it.
