@@ -4,7 +4,7 @@
 //! except through [`MasterKey::to_hex`] (for `cifpool keygen` and the dev key file)
 //! and through the crate-internal accessor the permutation uses to key AES.
 //!
-//! Neither key type implements `Display` or `Serialize`, and `Debug` is redacted,
+//! No key type implements `Display` or `Serialize`, and `Debug` is redacted,
 //! so a key cannot end up in a log line or an API response by accident.
 
 use std::fmt;
@@ -105,9 +105,42 @@ fn wipe(bytes: &mut [u8]) {
     std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
 }
 
-/// The service-wide 32-byte secret from which every pool key is derived.
+/// 32 bytes of key material: wiped when dropped, compared in constant time (so comparing keys leaks
+/// nothing through timing). Every key type here wraps one, and prints as `Name([redacted])`
+/// (`redacted_debug!`), the same with `{:#?}`.
 #[derive(Clone)]
-pub struct MasterKey([u8; KEY_LEN]);
+struct KeyBytes([u8; KEY_LEN]);
+
+impl Drop for KeyBytes {
+    fn drop(&mut self) {
+        wipe(&mut self.0);
+    }
+}
+
+impl PartialEq for KeyBytes {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.ct_eq(&other.0).into()
+    }
+}
+
+impl Eq for KeyBytes {}
+
+/// `Debug` for a key type: its name and `[redacted]`, never a byte.
+macro_rules! redacted_debug {
+    ($($key:ident),*) => {$(
+        impl fmt::Debug for $key {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(concat!(stringify!($key), "([redacted])"))
+            }
+        }
+    )*};
+}
+
+redacted_debug!(MasterKey, PoolKey, PersonalDataKey);
+
+/// The service-wide 32-byte secret from which every pool key is derived.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MasterKey(KeyBytes);
 
 impl MasterKey {
     /// Parses 64 hex characters (surrounding whitespace ignored); errors never echo the input.
@@ -120,12 +153,12 @@ impl MasterKey {
         }
         let mut bytes = [0u8; KEY_LEN];
         hex::decode_to_slice(text, &mut bytes).map_err(|_| KeyError::NotHex)?;
-        Ok(MasterKey(bytes))
+        Ok(MasterKey(KeyBytes(bytes)))
     }
 
     /// Wraps 32 raw bytes (e.g. the CLI's `--key-hex`, already decoded) as a master key.
     pub fn from_bytes(bytes: [u8; KEY_LEN]) -> MasterKey {
-        MasterKey(bytes)
+        MasterKey(KeyBytes(bytes))
     }
 
     /// Draws a fresh key from the operating system's CSPRNG.
@@ -135,12 +168,12 @@ impl MasterKey {
     pub fn generate() -> MasterKey {
         let mut bytes = [0u8; KEY_LEN];
         OsRng.try_fill_bytes(&mut bytes).expect("operating system random source failed while generating a master key");
-        MasterKey(bytes)
+        MasterKey(KeyBytes(bytes))
     }
 
     /// Lower-case hex encoding; only for `cifpool keygen` and writing the dev key file.
     pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
+        hex::encode(self.0.0)
     }
 
     /// Reads a key file holding 64 hex characters (a trailing newline is fine).
@@ -186,14 +219,14 @@ impl MasterKey {
     /// The info string length-prefixes both fields, so ("ab", "c") and ("a", "bc")
     /// cannot collide.
     pub fn derive_pool_key(&self, pool_name: &str, key_id: &str) -> PoolKey {
-        PoolKey(self.expand(POOL_KEY_SALT, &[pool_name, key_id]))
+        PoolKey(KeyBytes(self.expand(POOL_KEY_SALT, &[pool_name, key_id])))
     }
 
     /// Derives the key that seals notification jobs' recipients and payloads under `key_id` (see
     /// `crate::queue::seal`): each id gives an independent key, so a new id starts a new key while
     /// rows sealed under earlier ids stay readable by whoever holds this master key.
     pub fn derive_personal_data_key(&self, key_id: &str) -> PersonalDataKey {
-        PersonalDataKey(self.expand(PERSONAL_DATA_KEY_SALT, &[key_id]))
+        PersonalDataKey(KeyBytes(self.expand(PERSONAL_DATA_KEY_SALT, &[key_id])))
     }
 
     /// HKDF-SHA256 of this key with `salt`, the info being each part length-prefixed.
@@ -204,7 +237,7 @@ impl MasterKey {
             info.extend_from_slice(&(part.len() as u32).to_be_bytes());
             info.extend_from_slice(part.as_bytes());
         }
-        let hk = Hkdf::<Sha256>::new(Some(salt), &self.0);
+        let hk = Hkdf::<Sha256>::new(Some(salt), &self.0.0);
         let mut okm = [0u8; KEY_LEN];
         hk.expand(&info, &mut okm).expect("32 bytes is far below HKDF-SHA256's 8160-byte output limit");
         okm
@@ -220,40 +253,19 @@ fn check_value_of(key: &[u8; KEY_LEN], label: &[u8]) -> String {
     mac.finalize().into_bytes()[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-impl Drop for MasterKey {
-    fn drop(&mut self) {
-        wipe(&mut self.0);
-    }
-}
-
-impl fmt::Debug for MasterKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("MasterKey([redacted])")
-    }
-}
-
-impl PartialEq for MasterKey {
-    /// Constant-time, so comparing keys leaks nothing through timing.
-    fn eq(&self, other: &Self) -> bool {
-        self.0.ct_eq(&other.0).into()
-    }
-}
-
-impl Eq for MasterKey {}
-
 /// The 32-byte key of one pool; it keys the AES round function of that pool's permutation.
-#[derive(Clone)]
-pub struct PoolKey([u8; KEY_LEN]);
+#[derive(Clone, PartialEq, Eq)]
+pub struct PoolKey(KeyBytes);
 
 impl PoolKey {
     /// Wraps raw bytes; normally pool keys come from [`MasterKey::derive_pool_key`].
     pub fn from_bytes(bytes: [u8; KEY_LEN]) -> PoolKey {
-        PoolKey(bytes)
+        PoolKey(KeyBytes(bytes))
     }
 
     /// Raw key bytes, kept crate-private so only the permutation can read them.
     pub(crate) fn as_bytes(&self) -> &[u8; KEY_LEN] {
-        &self.0
+        &self.0.0
     }
 
     /// A key check value: HMAC-SHA256 of a fixed label under this key, first 16 bytes in hex. Stored
@@ -261,58 +273,25 @@ impl PoolKey {
     /// master key or `key_id` gives another value) without revealing the key; the label keeps it apart
     /// from the permutation's own use of the key (AES).
     pub fn check_value(&self) -> String {
-        check_value_of(&self.0, b"cifpool pool key check v1")
+        check_value_of(&self.0.0, b"cifpool pool key check v1")
     }
 }
-
-impl Drop for PoolKey {
-    fn drop(&mut self) {
-        wipe(&mut self.0);
-    }
-}
-
-impl fmt::Debug for PoolKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PoolKey([redacted])")
-    }
-}
-
-impl PartialEq for PoolKey {
-    /// Constant-time, so comparing keys leaks nothing through timing.
-    fn eq(&self, other: &Self) -> bool {
-        self.0.ct_eq(&other.0).into()
-    }
-}
-
-impl Eq for PoolKey {}
 
 /// The 32-byte key that seals notification jobs' personal data under one `personal_data_key_id`.
-#[derive(Clone)]
-pub struct PersonalDataKey([u8; KEY_LEN]);
+#[derive(Clone, PartialEq, Eq)]
+pub struct PersonalDataKey(KeyBytes);
 
 impl PersonalDataKey {
     /// Raw key bytes, kept crate-private so only the sealing code can read them.
     pub(crate) fn as_bytes(&self) -> &[u8; KEY_LEN] {
-        &self.0
+        &self.0.0
     }
 
     /// A key check value (as [`PoolKey::check_value`], under its own label): recorded with the key id
     /// the first time it is used, it lets an instance started with another master key be refused
     /// before it seals a row the others cannot open.
     pub fn check_value(&self) -> String {
-        check_value_of(&self.0, b"cifpool personal data key check v1")
-    }
-}
-
-impl Drop for PersonalDataKey {
-    fn drop(&mut self) {
-        wipe(&mut self.0);
-    }
-}
-
-impl fmt::Debug for PersonalDataKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PersonalDataKey([redacted])")
+        check_value_of(&self.0.0, b"cifpool personal data key check v1")
     }
 }
 

@@ -112,8 +112,8 @@ pub async fn enqueue_one(
     .bind(class.priority)
     .bind(&job.tenant)
     .bind(fair_key)
-    .bind(stored.recipient.as_ref())
-    .bind(stored.payload)
+    .bind(stored.recipient())
+    .bind(stored.payload())
     .bind(class.max_attempts as i32)
     .bind(delay.as_secs_f64())
     .bind(class.deadline.map(|d| d.as_secs_f64()))
@@ -122,8 +122,8 @@ pub async fn enqueue_one(
     .bind(initial_status(due))
     .bind(crate::telemetry::traces::current_traceparent())
     .bind(crate::queue::privacy::keep_seconds(class))
-    .bind(&stored.sealed)
-    .bind(stored.sealed_with)
+    .bind(stored.sealed())
+    .bind(stored.sealed().map(|_| rt.seal.key_id()))
     .fetch_optional(&mut *tx)
     .await?;
     tx.commit().await?;

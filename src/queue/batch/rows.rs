@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::queue::batch::rules::{Checked, Known};
 use crate::queue::runtime::QueueRuntime;
+use crate::queue::seal::Stored;
 
 /// COPY text per chunk: large enough that a statement per chunk costs nothing, small enough that the
 /// chunks in flight (the channel's and the two being filled and sent) stay a few MiB.
@@ -111,20 +112,16 @@ impl Rows {
             Some(false) => "f\t",
             None => "\\N\t",
         });
-        let stored = rt.seal.store(&job.recipient, job.payload.get());
-        text.push_str(&escape(&stored.recipient));
-        text.push('\t');
-        match (stored.payload, &stored.sealed) {
-            (Some(payload), _) => {
-                text.push_str(&escape(payload));
-                text.push_str("\t\\N\t");
+        // Recipient, payload and sealed columns.
+        match rt.seal.store(&job.recipient, job.payload.get()) {
+            Stored::Clear { recipient, payload } => {
+                let _ = write!(text, "{}\t{}\t\\N\t", escape(recipient), escape(payload));
             }
-            (None, Some(sealed)) => {
-                text.push_str("\\N\t");
-                push_bytea(text, sealed);
+            Stored::Sealed { masked, sealed } => {
+                let _ = write!(text, "{}\t\\N\t", escape(&masked));
+                push_bytea(text, &sealed);
                 text.push('\t');
             }
-            (None, None) => text.push_str("\\N\t\\N\t"),
         }
         match &job.idempotency_key {
             Some(key) => {
