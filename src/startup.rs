@@ -7,13 +7,19 @@ use std::net::SocketAddr;
 use anyhow::Context;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
+use tokio_cron_scheduler::JobScheduler;
 use tokio_util::sync::CancellationToken;
 
 use crate::cif::Pools;
+use crate::cif::fence::check_incarnation;
+use crate::cif::upkeep::{GAUGE_INTERVAL, refresh_gauges};
 use crate::config::Settings;
 use crate::db::{self, Database};
 use crate::keys::MasterKey;
+use crate::queue::stage::{STAGE_INTERVAL, stage_round};
+use crate::queue::stats::{STATS_INTERVAL, refresh_round};
 use crate::state::AppState;
+use crate::supervise::{RestartPolicy, Supervisor};
 
 /// Time after the grace period for worker groups to hand back unfinished sends.
 const HAND_BACK_MARGIN: std::time::Duration = std::time::Duration::from_secs(3);
@@ -24,7 +30,12 @@ pub struct Application {
     state: AppState,
     database: Database,
     background: bool,
+    restart: RestartPolicy,
+    extra: Vec<(String, ExtraTask)>,
 }
+
+/// A task added with [`Application::also_run`].
+type ExtraTask = Box<dyn Fn(CancellationToken) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
 impl Application {
     /// Finds the master key, opens the database (starting the embedded cluster without
@@ -68,7 +79,14 @@ impl Application {
         let mut state = AppState::new(database.pool.clone(), settings, pools, master);
         state.incarnation = database.incarnation.clone();
         state.queue.seal.register(&state.db).await.context("checking the personal-data key")?;
-        Ok(Application { listener, state, database, background: true })
+        Ok(Application {
+            listener,
+            state,
+            database,
+            background: true,
+            restart: RestartPolicy::default(),
+            extra: Vec::new(),
+        })
     }
 
     /// HTTP only: no schedules, gauges, start-up refill, queue sweep or worker groups. For tests that
@@ -97,48 +115,34 @@ impl Application {
     }
 
     /// Serves until `shutdown` resolves, then drains: HTTP stops taking requests, in-flight ones get
-    /// up to `server.shutdown_grace`, then the database (and the embedded cluster) close.
+    /// up to `server.shutdown_grace`, then the database (and the embedded cluster) close. A
+    /// background task that keeps failing (see [`crate::supervise`]) also shuts the service down,
+    /// and then this returns that failure as an error (the process exits non-zero).
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let Application { listener, state, database, background } = self;
+        let Application { listener, state, database, background, restart, extra } = self;
         let grace = state.settings.server.shutdown_grace;
         let stop = CancellationToken::new();
         let router = crate::http::app(state.clone());
         let addr = listener.local_addr()?;
-        let http = tokio::spawn(crate::http::serve(listener, router, stop.clone().cancelled_owned()));
-        let mut tasks = tokio::task::JoinSet::new();
-        let mut scheduler = None;
+        let mut http = tokio::spawn(crate::http::serve(listener, router, stop.clone().cancelled_owned()));
         crate::telemetry::register_event_counters(&state);
         crate::telemetry::collectors::record_build_info();
-        tasks.spawn(crate::telemetry::collectors::probe_loop(state.db.clone(), stop.clone()));
-        tasks.spawn(crate::cif::fence::watch_loop(
-            state.db.clone(),
-            state.incarnation.clone(),
-            state.settings.database.incarnation_check_interval,
-            stop.clone(),
-        ));
-        if background {
-            let cron = tokio_cron_scheduler::JobScheduler::new().await?;
-            crate::cif::upkeep::schedule(&cron, &state.db, &state.pools, &state.upkeep).await?;
-            crate::queue::sweep::schedule(&cron, &state.db, &state.queue, &state.upkeep).await?;
-            cron.start().await?;
-            scheduler = Some(cron);
-            tasks.spawn(crate::cif::upkeep::gauges_loop(state.db.clone(), state.pools.clone(), stop.clone()));
-            tasks.spawn(crate::queue::stage::run(state.db.clone(), state.queue.clone(), stop.clone()));
-            tasks.spawn(crate::queue::stats::refresh_loop(
-                state.db.clone(),
-                state.queue.clone(),
-                state.queue_stats.clone(),
-                stop.clone(),
-            ));
-            state.queue.spawn_workers(&state.db, grace, &stop, &mut tasks);
-            // Fill pools right away rather than at the first tick (a fresh install starts empty).
-            for pool in state.pools.iter() {
-                crate::cif::upkeep::after_claim(&state.db, pool, &state.upkeep);
-            }
+        let mut tasks = Supervisor::new(state.liveness.clone(), stop.clone()).with_policy(restart);
+        let scheduler = if background { Some(start_background(&state, &mut tasks).await?) } else { None };
+        start_watchers(&state, &mut tasks);
+        for (name, task) in extra {
+            tasks.keep_running(name, task);
         }
-        tracing::info!(%addr, pools = ?state.pools.names(), background, "cifpool serving");
-        shutdown.await;
-        tracing::info!(?grace, "shutdown requested: draining");
+        tracing::info!(%addr, pools = ?state.pools.names(), tasks = ?tasks.names(), "cifpool serving");
+        let failure = tokio::select! {
+            () = shutdown => None,
+            failure = tasks.first_failure() => Some(failure.to_string()),
+            ended = &mut http => Some(format!("the HTTP server stopped: {ended:?}")),
+        };
+        match &failure {
+            None => tracing::info!(?grace, "shutdown requested: draining"),
+            Some(why) => tracing::error!(why, ?grace, "a task the service needs failed: shutting down"),
+        }
         stop.cancel();
         if let Some(mut cron) = scheduler
             && let Err(e) = cron.shutdown().await
@@ -148,12 +152,14 @@ impl Application {
         // HTTP requests and worker sends drain side by side within the grace period; worker groups hand
         // back what is still in flight at its end (the margin lets that hand-back finish).
         let background = async {
-            let drained = async { while tasks.join_next().await.is_some() {} };
-            if tokio::time::timeout(grace + HAND_BACK_MARGIN, drained).await.is_err() {
+            if !tasks.drain(grace + HAND_BACK_MARGIN).await {
                 tracing::warn!("background work outlived the grace period");
             }
         };
         let http = async {
+            if http.is_finished() && failure.is_some() {
+                return;
+            }
             match tokio::time::timeout(grace, http).await {
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(e))) => tracing::error!(error = %e, "http server error"),
@@ -168,8 +174,30 @@ impl Application {
             tracing::warn!("maintenance work outlived the grace period");
         }
         database.close().await;
-        tracing::info!("cifpool stopped");
-        Ok(())
+        match failure {
+            None => {
+                tracing::info!("cifpool stopped");
+                Ok(())
+            }
+            Some(why) => Err(anyhow::anyhow!("{why}; stopped so that the pod is replaced")),
+        }
+    }
+
+    /// Restarts failed background tasks by `policy` instead of the default (tests shorten it).
+    pub fn restarting(mut self, policy: RestartPolicy) -> Application {
+        self.restart = policy;
+        self
+    }
+
+    /// Runs one more supervised task beside the service's own, as [`Supervisor::keep_running`] does
+    /// (tests use it to see what a failing task does to readiness and to the exit).
+    pub fn also_run<F, Fut>(mut self, name: &str, task: F) -> Application
+    where
+        F: Fn(CancellationToken) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.extra.push((name.to_string(), Box::new(move |stop| Box::pin(task(stop)))));
+        self
     }
 
     /// Runs the service on the current runtime until [`RunningApp::stop`] (or until the handle is
@@ -231,6 +259,41 @@ impl Drop for RunningApp {
             let _ = stop.send(());
         }
     }
+}
+
+/// What watches the database in every instance, even one without background work: the connection
+/// and readiness probes behind `cifpool_db_pool_acquire_seconds` and `cifpool_ready`, and the check
+/// that the database is still the one codes were issued from.
+fn start_watchers(state: &AppState, tasks: &mut Supervisor) {
+    use crate::telemetry::collectors::{PROBE_EVERY, READINESS_EVERY, probe_acquire, probe_readiness};
+    let db = state.db.clone();
+    tasks.every("connection probe", PROBE_EVERY, move || probe_acquire(db.clone()));
+    let (db, liveness) = (state.db.clone(), state.liveness.clone());
+    tasks.every("readiness probe", READINESS_EVERY, move || probe_readiness(db.clone(), liveness.clone()));
+    let (db, guard) = (state.db.clone(), state.incarnation.clone());
+    let interval = state.settings.database.incarnation_check_interval;
+    tasks.every("database identity check", interval, move || check_incarnation(db.clone(), guard.clone()));
+}
+
+/// The background work of a serving instance: the cron schedules (refill checks, reclaims, the
+/// queue sweep), the pool gauges, the stager, the queue statistics, the worker groups with their
+/// relay and budget sync, and a first refill of every pool (a fresh install starts empty).
+async fn start_background(state: &AppState, tasks: &mut Supervisor) -> anyhow::Result<JobScheduler> {
+    let cron = JobScheduler::new().await?;
+    crate::cif::upkeep::schedule(&cron, &state.db, &state.pools, &state.upkeep).await?;
+    crate::queue::sweep::schedule(&cron, &state.db, &state.queue, &state.upkeep).await?;
+    cron.start().await?;
+    let (db, pools) = (state.db.clone(), state.pools.clone());
+    tasks.every("pool gauges", GAUGE_INTERVAL, move || refresh_gauges(db.clone(), pools.clone()));
+    let (db, queue) = (state.db.clone(), state.queue.clone());
+    tasks.every("stager", STAGE_INTERVAL, move || stage_round(db.clone(), queue.clone()));
+    let (db, queue, stats) = (state.db.clone(), state.queue.clone(), state.queue_stats.clone());
+    tasks.every("queue statistics", STATS_INTERVAL, move || refresh_round(db.clone(), queue.clone(), stats.clone()));
+    state.queue.spawn_workers(&state.db, state.settings.server.shutdown_grace, tasks);
+    for pool in state.pools.iter() {
+        crate::cif::upkeep::after_claim(&state.db, pool, &state.upkeep);
+    }
+    Ok(cron)
 }
 
 /// Audit trail of which versions ran against this database; failure to write it is not fatal.

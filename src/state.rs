@@ -31,9 +31,11 @@ pub struct AppState {
     pub auth: Arc<Authenticator>,
     /// Request rate per key and failed authentications per client address, on this pod.
     pub limits: Arc<crate::http::limits::CallerLimits>,
-    /// Maintenance runs (refills, reclaims, sweeps) started by requests and schedules: shutdown waits
+    /// Maintenance runs (refills, reclaims, sweeps, a key's last-use write) started by requests and schedules: shutdown waits
     /// for them before it closes the database, so none dies half-way on a closed pool.
     pub upkeep: TaskTracker,
+    /// The background tasks running now: readiness fails while one the service needs is down.
+    pub liveness: Arc<crate::supervise::Liveness>,
     /// Whether the database is the one codes were issued from (reservations refused while halted).
     pub incarnation: Arc<crate::cif::fence::IncarnationGuard>,
 }
@@ -49,7 +51,8 @@ impl AppState {
 
     /// Like [`AppState::new`] with a given queue runtime (tests and the lab supply their providers).
     pub fn with_queue(db: PgPool, settings: Settings, pools: Pools, queue: Arc<QueueRuntime>) -> AppState {
-        let auth = Arc::new(Authenticator::new(db.clone(), settings.security.admin_token.clone()));
+        let upkeep = TaskTracker::new();
+        let auth = Arc::new(Authenticator::new(db.clone(), settings.security.admin_token.clone(), upkeep.clone()));
         let limits = Arc::new(crate::http::limits::CallerLimits::new(&settings.security));
         AppState {
             db,
@@ -60,7 +63,8 @@ impl AppState {
             pools: Arc::new(pools),
             queue,
             queue_stats: Arc::new(QueueStats::default()),
-            upkeep: TaskTracker::new(),
+            upkeep,
+            liveness: Arc::default(),
             incarnation: crate::cif::fence::IncarnationGuard::new(),
         }
     }

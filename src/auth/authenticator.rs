@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use secrecy::{ExposeSecret, SecretString};
 use sqlx::PgPool;
 use subtle::ConstantTimeEq;
+use tokio_util::task::TaskTracker;
 
 use crate::auth::api_key::{self, KeyDigest};
 use crate::auth::scope::{Scope, ScopeSet};
@@ -100,19 +101,28 @@ pub struct Authenticator {
     /// Digests that name no key.
     strangers: quick_cache::sync::Cache<KeyDigest, Instant>,
     touched: Mutex<HashMap<Arc<str>, Instant>>,
+    /// Where the last-use writes run (shutdown waits for them before the database closes).
+    upkeep: TaskTracker,
     enforce: bool,
 }
 
 impl Authenticator {
-    /// Checks keys in `db`; `bootstrap` is `security.admin_token` (an `admin`-scoped caller).
-    pub fn new(db: PgPool, bootstrap: Option<SecretString>) -> Authenticator {
-        Authenticator::with_capacity(db, bootstrap, MAX_ENTRIES)
+    /// Checks keys in `db`; `bootstrap` is `security.admin_token` (an `admin`-scoped caller); the
+    /// writes of a key's last use run on `upkeep`, which shutdown waits for before closing `db`.
+    pub fn new(db: PgPool, bootstrap: Option<SecretString>, upkeep: TaskTracker) -> Authenticator {
+        Authenticator::with_capacity(db, bootstrap, upkeep, MAX_ENTRIES)
     }
 
     /// Like [`Authenticator::new`] with caches of `entries` each (tests fill them quickly).
-    pub fn with_capacity(db: PgPool, bootstrap: Option<SecretString>, entries: usize) -> Authenticator {
+    pub fn with_capacity(
+        db: PgPool,
+        bootstrap: Option<SecretString>,
+        upkeep: TaskTracker,
+        entries: usize,
+    ) -> Authenticator {
         Authenticator {
             db,
+            upkeep,
             bootstrap,
             keys: quick_cache::sync::Cache::new(entries),
             strangers: quick_cache::sync::Cache::new(entries),
@@ -124,7 +134,7 @@ impl Authenticator {
     /// Lets every request through as an all-scopes caller named `unauthenticated`. Only for measuring
     /// what authentication costs (`cifpool-tools bench reserve`); no configuration reaches it.
     pub fn disabled(db: PgPool) -> Authenticator {
-        Authenticator { enforce: false, ..Authenticator::new(db, None) }
+        Authenticator { enforce: false, ..Authenticator::new(db, None, TaskTracker::new()) }
     }
 
     /// The caller `secret` (the bearer token as presented) authenticates, if any.
@@ -206,7 +216,7 @@ impl Authenticator {
             }
         }
         let (db, name) = (self.db.clone(), caller.name.clone());
-        tokio::spawn(async move {
+        self.upkeep.spawn(async move {
             if let Err(e) = api_key::touch(&db, &name).await {
                 tracing::debug!(key = %name, error = %e, "could not record the key's last use");
             }

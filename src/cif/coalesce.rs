@@ -50,7 +50,9 @@ pub struct Coalescer {
 }
 
 impl Coalescer {
-    /// Starts the flushers of `pool` on the current runtime.
+    /// Starts the flushers of `pool` on the current runtime. They are the pool's own helpers rather
+    /// than supervised tasks: they end when the pool is dropped, and should they fail, a request
+    /// hears [`Shared::RetryAlone`] and claims by itself.
     pub fn start(db: PgPool, pool: Weak<Pool>) -> Coalescer {
         let (queue, waiting) = mpsc::unbounded_channel();
         let waiting = Arc::new(Mutex::new(waiting));

@@ -315,25 +315,16 @@ async fn fence_in(
     Ok(FenceReport { fence, previous, current, pools })
 }
 
-/// Checks every `interval` until `stop` (a restore into the same database under running instances
-/// keeps their connections: this is what notices it).
-pub async fn watch_loop(
-    db: PgPool,
-    guard: Arc<IncarnationGuard>,
-    interval: std::time::Duration,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(interval) => {}
-        }
-        let checked = async {
-            let mut conn = db.acquire().await?;
-            guard.check(&mut conn).await
-        };
-        if let Err(e) = checked.await {
-            tracing::debug!(error = %e, "database identity check failed; retried at the next interval");
-        }
+/// Checks that the database is still the one codes were issued from (see [`IncarnationGuard::check`]);
+/// run every `database.incarnation_check_interval`: a restore into the same database under running
+/// instances keeps their connections, and this is what notices it. A failed check is retried at the
+/// next one.
+pub async fn check_incarnation(db: PgPool, guard: Arc<IncarnationGuard>) {
+    let checked = async {
+        let mut conn = db.acquire().await?;
+        guard.check(&mut conn).await
+    };
+    if let Err(e) = checked.await {
+        tracing::debug!(error = %e, "database identity check failed; retried at the next interval");
     }
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio_cron_scheduler::JobScheduler;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::cif::refill::{self, RefillOptions, RefillSummary};
@@ -142,17 +141,9 @@ pub async fn schedule(
     Ok(())
 }
 
-/// Refreshes the pool gauges every [`GAUGE_INTERVAL`] until `stop`.
-pub async fn gauges_loop(db: PgPool, pools: Arc<Pools>, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(GAUGE_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        if let Err(e) = stats::refresh(&db, &pools).await {
-            tracing::debug!(error = %e, "pool gauges: database unavailable");
-        }
+/// Refreshes the pool gauges from the database; run every [`GAUGE_INTERVAL`].
+pub async fn refresh_gauges(db: PgPool, pools: Arc<Pools>) {
+    if let Err(e) = stats::refresh(&db, &pools).await {
+        tracing::debug!(error = %e, "pool gauges: database unavailable");
     }
 }

@@ -28,11 +28,11 @@ async fn healthz() -> impl IntoResponse {
 }
 
 /// Ready to take traffic: the database answers and carries the schema this binary needs, and every
-/// supervised queue loop (each worker group's claim loops, the budget sync, the new-job relay) runs.
+/// supervised background task (see `crate::supervise`) has a copy running.
 async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
     let readiness = db::readiness(&state.db, READINESS_TIMEOUT).await;
-    crate::telemetry::collectors::record_readiness(&readiness);
-    let down = state.queue.liveness.down();
+    let down = state.liveness.down();
+    crate::telemetry::collectors::record_readiness(&readiness, &down);
     match readiness {
         Readiness::Ready if !down.is_empty() => {
             tracing::warn!(?down, "readiness: background tasks down");

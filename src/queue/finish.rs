@@ -38,7 +38,9 @@ pub struct Finisher {
 }
 
 impl Finisher {
-    /// Starts the flusher task on the current runtime.
+    /// Starts the flusher task on the current runtime. It is the group's own helper rather than a
+    /// supervised task: it ends when the group drops its `Finisher`, and should it fail, [`Finisher::sent`]
+    /// writes each job alone, so no send waits on it.
     pub fn start(db: PgPool) -> Finisher {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(flush_loop(db.clone(), rx));

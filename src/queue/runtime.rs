@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::Notify;
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
 use uuid::Uuid;
 
@@ -18,6 +16,7 @@ use crate::queue::pause::{self, PauseKind, Pauses};
 use crate::queue::policy::GroupPolicy;
 use crate::queue::provider::{ProviderHandle, build_providers};
 use crate::queue::worker::WorkerGroup;
+use crate::supervise::Supervisor;
 
 /// A class as workers see it: its configuration and the provider (with its limit) it sends through.
 pub struct ClassRuntime {
@@ -37,9 +36,6 @@ pub struct QueueRuntime {
     pub providers: BTreeMap<String, Arc<ProviderHandle>>,
     /// Wakes idle claimers when the LISTEN relay hears of new jobs.
     pub wake: Notify,
-    /// The supervised background loops of the queue (claim loops, budget sync, wake-up relay) that
-    /// are running: readiness fails while one of them is down.
-    pub liveness: crate::supervise::Liveness,
     /// Wakes the budget task for an early sync: a claim stopped at a provider whose share could grow.
     pub share_wanted: Notify,
     /// This instance's identity among the pods sharing the provider budgets (new at every start).
@@ -81,7 +77,6 @@ impl QueueRuntime {
             providers,
             wake: Notify::new(),
             share_wanted: Notify::new(),
-            liveness: Default::default(),
             member: Uuid::new_v4(),
             pauses: Default::default(),
             seal,
@@ -173,34 +168,23 @@ impl QueueRuntime {
         Ok(())
     }
 
-    /// Starts every worker group of [`QueueRuntime::group_policies`] and the NOTIFY relay that wakes
-    /// their idle claimers (unless `queue.workers_enabled` is off); each stops at `stop`, handing
-    /// back sends that outlive `grace`.
-    pub fn spawn_workers(
-        self: &Arc<Self>,
-        db: &PgPool,
-        grace: Duration,
-        stop: &CancellationToken,
-        tasks: &mut JoinSet<()>,
-    ) {
+    /// Starts, under `tasks`, every worker group of [`QueueRuntime::group_policies`], the NOTIFY
+    /// relay that wakes their idle claimers and the provider budget sync (unless
+    /// `queue.workers_enabled` is off); each ends at the supervisor's stop, a group handing back the
+    /// sends that outlive `grace`.
+    pub fn spawn_workers(self: &Arc<Self>, db: &PgPool, grace: Duration, tasks: &mut Supervisor) {
         if !self.settings.workers_enabled {
             return;
         }
         for policy in self.group_policies() {
             tracing::info!(group = %policy.name, size = policy.size, classes = ?policy.classes, order = ?policy.order,
                 "starting worker group");
-            let group = WorkerGroup::new(policy, db.clone(), self.clone());
-            tasks.spawn(group.run(stop.clone(), grace));
+            WorkerGroup::new(policy, db.clone(), self.clone()).start(tasks, grace);
         }
-        let (rt, db_, stop_) = (self.clone(), db.clone(), stop.clone());
-        tasks.spawn(async move {
-            let make = || crate::queue::listen::relay(db_.clone(), rt.clone(), stop_.clone());
-            crate::supervise::supervised("new-job relay".into(), &rt.liveness, stop_.clone(), make).await
-        });
-        let (rt, db_, stop_) = (self.clone(), db.clone(), stop.clone());
-        tasks.spawn(async move {
-            let make = || budget::run(db_.clone(), rt.clone(), grace + Duration::from_secs(1), stop_.clone());
-            crate::supervise::supervised("provider budget sync".into(), &rt.liveness, stop_.clone(), make).await
-        });
+        let (rt, db_) = (self.clone(), db.clone());
+        tasks.keep_running("new-job relay", move |stop| crate::queue::listen::relay(db_.clone(), rt.clone(), stop));
+        let (rt, db_) = (self.clone(), db.clone());
+        let sync_grace = grace + Duration::from_secs(1);
+        tasks.keep_running("provider budget sync", move |stop| budget::run(db_.clone(), rt.clone(), sync_grace, stop));
     }
 }

@@ -10,7 +10,6 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 use crate::claim::Pick;
 use crate::queue::enqueue::reserve_fair_keys;
@@ -82,16 +81,11 @@ async fn promote_batch(db: &PgPool, rt: &QueueRuntime) -> Result<u64, sqlx::Erro
     Ok(ids.len() as u64)
 }
 
-/// Promotes due jobs every [`STAGE_INTERVAL`] until `stop` (a database outage only skips rounds).
-pub async fn run(db: PgPool, runtime: Arc<QueueRuntime>, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(STAGE_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
-        match promote_due(&db, &runtime).await {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(jobs = n, "scheduled jobs are due"),
-            Err(e) => tracing::warn!(error = %e, "staging scheduled jobs failed"),
-        }
+/// Promotes the due jobs, logging a failure (the next round tries again); run every [`STAGE_INTERVAL`].
+pub async fn stage_round(db: PgPool, runtime: Arc<QueueRuntime>) {
+    match promote_due(&db, &runtime).await {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!(jobs = n, "scheduled jobs are due"),
+        Err(e) => tracing::warn!(error = %e, "staging scheduled jobs failed"),
     }
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
@@ -347,14 +346,9 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
     Ok(Refreshed::Computed)
 }
 
-/// Refreshes `stats` every [`STATS_INTERVAL`] until `stop` (a database outage only skips refreshes).
-pub async fn refresh_loop(db: PgPool, runtime: Arc<QueueRuntime>, stats: Arc<QueueStats>, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(STATS_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
-        if let Err(e) = stats.refresh(&db, &runtime).await {
-            tracing::debug!(error = %e, "queue stats: database unavailable");
-        }
+/// Refreshes `stats` from the database (an outage only skips the refresh); run every [`STATS_INTERVAL`].
+pub async fn refresh_round(db: PgPool, runtime: Arc<QueueRuntime>, stats: Arc<QueueStats>) {
+    if let Err(e) = stats.refresh(&db, &runtime).await {
+        tracing::debug!(error = %e, "queue stats: database unavailable");
     }
 }

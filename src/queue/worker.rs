@@ -19,6 +19,7 @@ use crate::queue::provider::{Message, SendError};
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
 use crate::queue::store::{self, ClaimClass, Claimed, ClaimedJob};
+use crate::supervise::Supervisor;
 
 /// Claim loops per group (see [`WorkerGroup::run`]).
 const CLAIM_LOOPS: usize = 2;
@@ -331,21 +332,23 @@ impl WorkerGroup {
         }
     }
 
-    /// Claims for idle workers and sends until `stop`; then waits up to `grace` for in-flight sends.
-    pub async fn run(self: Arc<Self>, stop: CancellationToken, grace: Duration) {
-        // Several claim loops, so one claim's round trip and commit overlap another's instead of
-        // leaving the workers idle between them.
-        // Each loop is supervised: one that panics is started again, and readiness fails while the
-        // group has none running.
-        let task = format!("claim loop of group {}", self.policy.name);
-        let loops = (0..CLAIM_LOOPS).map(|_| {
-            let (group, stop, task) = (self.clone(), stop.clone(), task.clone());
-            async move {
-                let make = || group.clone().claim_loop(stop.clone());
-                crate::supervise::supervised(task, &group.runtime.liveness, stop.clone(), make).await
-            }
-        });
-        futures_util::future::join_all(loops).await;
+    /// Starts the group under `tasks`: its claim loops (several, so one claim's round trip and
+    /// commit overlap another's instead of leaving the workers idle between them), each kept running
+    /// on its own, and, at the stop, the drain that waits up to `grace` for the sends in flight.
+    pub fn start(self: &Arc<Self>, tasks: &mut Supervisor, grace: Duration) {
+        let loop_name = format!("claim loop of group {}", self.policy.name);
+        for _ in 0..CLAIM_LOOPS {
+            let group = self.clone();
+            tasks.keep_running(loop_name.clone(), move |stop| group.clone().claim_loop(stop));
+        }
+        let drain = self.clone().drain_at(tasks.stop().clone(), grace);
+        tasks.run_once(format!("shutdown drain of group {}", self.policy.name), drain);
+    }
+
+    /// After `stop`: waits up to `grace` for every worker to be free, then hands back what is still
+    /// being sent. (Once this waits for all the permits, a claim loop gets none: the semaphore is fair.)
+    async fn drain_at(self: Arc<Self>, stop: CancellationToken, grace: Duration) {
+        stop.cancelled().await;
         let all = self.policy.size as u32;
         if tokio::time::timeout(grace, self.workers.acquire_many(all)).await.is_err() {
             self.hand_back().await;

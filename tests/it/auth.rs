@@ -221,7 +221,7 @@ async fn made_up_secrets_cannot_flush_a_real_key_from_the_cache() {
     use cifpool::auth::authenticator::Authenticator;
     let db = fresh_database().await;
     let real = create_key(&db.pool, &[Scope::CifRead], None).await;
-    let auth = Authenticator::with_capacity(db.pool.clone(), None, 50);
+    let auth = Authenticator::with_capacity(db.pool.clone(), None, tokio_util::task::TaskTracker::new(), 50);
     let caller = auth.authenticate(Some(&real)).await.unwrap();
     for i in 0..200 {
         let stranger = format!("cfp_{i:064x}");

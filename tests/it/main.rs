@@ -46,3 +46,4 @@ mod queue_ops;
 mod reconcile;
 mod sealing;
 mod shutdown;
+mod supervision;

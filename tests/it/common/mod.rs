@@ -39,6 +39,13 @@ impl TestApp {
             .unwrap();
     }
 
+    /// Graceful stop, returning what the service returned (an error when a task it needs failed).
+    pub async fn stop_result(self) -> anyhow::Result<()> {
+        tokio::time::timeout(std::time::Duration::from_secs(60), self.running.stop())
+            .await
+            .expect("the app did not stop within a minute")
+    }
+
     /// Stops the app at once, as a crash would (see [`RunningApp::abort`]).
     pub fn kill(self) {
         self.running.abort();
@@ -77,11 +84,16 @@ pub async fn create_key(db: &sqlx::PgPool, scopes: &[cifpool::auth::Scope], tena
 }
 
 /// Builds the app on the database of `settings` (tests always name one) with the test master key.
-async fn build_app(settings: Settings) -> Application {
+pub async fn build_app(settings: Settings) -> Application {
     cifpool::telemetry::init_logging(cifpool::config::LogFormat::Text, "warn");
     let url = settings.database.url.clone().expect("tests use an explicit database url");
     let database = Database::external(&settings.database, cifpool::db::options_from_url(&url).unwrap());
     Application::build_with(settings, database, &test_master_key()).await.expect("building the app")
+}
+
+/// Runs an app built with [`build_app`] (and adjusted by the test).
+pub async fn spawn_built(app: Application) -> TestApp {
+    TestApp::start(app).await
 }
 
 /// Builds and runs the app with `settings`, background work included.

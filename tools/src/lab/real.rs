@@ -24,6 +24,7 @@ use cifpool::queue::intake::{self, NewJob};
 use cifpool::queue::policy::Strategy;
 use cifpool::queue::runtime::QueueRuntime;
 use cifpool::queue::stats::QueueStats;
+use cifpool::supervise::Supervisor;
 
 use crate::load::{Schedule, fixed_rate};
 
@@ -275,8 +276,8 @@ pub async fn run_cell(
     let stop = CancellationToken::new();
     let started = Instant::now();
     let t0: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(db).await?;
-    let mut tasks = tokio::task::JoinSet::new();
-    rt.spawn_workers(db, Duration::ZERO, &stop, &mut tasks);
+    let mut tasks = Supervisor::new(Default::default(), stop.clone());
+    rt.spawn_workers(db, Duration::ZERO, &mut tasks);
 
     // OTPs at a fixed rate, each at its scheduled instant (no drift from insert latency).
     let injector = {
@@ -312,8 +313,7 @@ pub async fn run_cell(
     stop.cancel();
     injector.abort();
     // Sends still in flight (a hanging push) are abandoned: the run is over.
-    tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
+    tasks.drain(Duration::ZERO).await;
     sms_stop.cancel();
     push_stop.cancel();
 
