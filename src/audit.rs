@@ -44,6 +44,9 @@ impl Actor {
 /// The actor name of the service's own work.
 pub const SYSTEM: &str = "system";
 
+/// The actor name of `security.admin_token`'s bearer.
+pub const BOOTSTRAP: &str = "bootstrap";
+
 /// The actor name of a refused attempt whose credential named nobody (a failed console sign-in).
 pub const ANONYMOUS: &str = "anonymous";
 
@@ -52,7 +55,7 @@ pub const ANONYMOUS: &str = "anonymous";
 /// take such a name, or the audit trail could not tell its actions from the service's.
 pub fn is_reserved_actor(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
-    lower == SYSTEM || lower == ANONYMOUS || lower == crate::auth::authenticator::BOOTSTRAP || lower.starts_with("cli:")
+    lower == SYSTEM || lower == ANONYMOUS || lower == BOOTSTRAP || lower.starts_with("cli:")
 }
 
 /// What the audited actions are called.

@@ -14,6 +14,9 @@ pub fn text(field: &str, value: &str, max: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Longest tenant name or idempotency key (of a job, or in an API key's tenant list).
+pub const MAX_LABEL: usize = 128;
+
 /// Largest payload of one job, in bytes of its JSON text, whether enqueued alone or in a batch: a
 /// claim loads up to `claim_batch` payloads at once, so one job must not be able to fill a pod's memory.
 pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;

@@ -146,7 +146,7 @@ impl NewKey {
                 )));
             }
             for t in tenants {
-                crate::validate::text("tenants[]", t, crate::queue::intake::MAX_LABEL).map_err(KeyError::Invalid)?;
+                crate::validate::text("tenants[]", t, crate::validate::MAX_LABEL).map_err(KeyError::Invalid)?;
             }
         }
         Ok(scopes)

@@ -28,8 +28,7 @@ pub const CACHE_TTL: Duration = Duration::from_secs(5);
 pub const TOUCH_INTERVAL: Duration = Duration::from_secs(60);
 /// Keys each cache holds (the one of real keys, the one of secrets that name none).
 const MAX_ENTRIES: usize = 10_000;
-/// The actor name of `security.admin_token`.
-pub const BOOTSTRAP: &str = "bootstrap";
+pub use crate::audit::BOOTSTRAP;
 
 /// Who a request acts as.
 #[derive(Debug, Clone, PartialEq, Eq)]

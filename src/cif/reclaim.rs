@@ -10,13 +10,10 @@ use sqlx::PgPool;
 
 use crate::audit::{Actor, Columns, action, audited, insert_from};
 use crate::cif::Pools;
-use crate::cif::store::{AVAILABLE, CODES, RESERVED};
+use crate::cif::store::{AVAILABLE, CODES, IDEMPOTENCY_RETENTION_HOURS, RESERVED};
 
 /// Rows per sweep statement: bounded so a mass expiry does not become one huge transaction.
 const SWEEP_BATCH: i64 = 1000;
-/// Idempotency records older than this are forgotten (the replay ignores them already; reclaim deletes
-/// them).
-pub(crate) const IDEMPOTENCY_RETENTION_HOURS: i64 = 24;
 
 /// Binds: `$1` batch, `$2` pool id (`NULL`: every pool); audit rows: actor `$3`, request id `$4`,
 /// client request id `$5`.

@@ -11,12 +11,14 @@ use uuid::Uuid;
 
 use crate::audit::{Actor, Columns, action, audited, insert_from};
 use crate::cif::Pool;
-use crate::cif::reclaim::IDEMPOTENCY_RETENTION_HOURS;
 use crate::claim::{ClaimSpec, ClaimTable};
 
 mod hold;
 
 pub use hold::{By, CodeStatus, Confirmed, confirm, extend, release, status};
+
+/// Idempotency records older than this are forgotten: a replay ignores them, and reclaim deletes them.
+pub(crate) const IDEMPOTENCY_RETENTION_HOURS: i64 = 24;
 
 /// `cif_codes` as a claimable table.
 pub const CODES: ClaimTable = ClaimTable {

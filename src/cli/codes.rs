@@ -88,7 +88,7 @@ impl CodeArgs {
                 line.replace_range(.., &"0".repeat(line.len()));
                 key?
             }
-            None => crate::keys::resolve_master_key(settings, false)?,
+            None => crate::keys::resolve::resolve_master_key(settings, false)?,
         };
         let format = CodeFormat::new(prefix, digits, check)?;
         Ok(PoolCodec::new(format, &master.derive_pool_key(&pool_name, &key_id))?)

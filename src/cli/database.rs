@@ -257,7 +257,7 @@ pub(super) async fn run_queue(
             println!("{}", serde_json::json!({ "batch_id": id, "canceled": canceled }));
         }
         QueueCommand::EraseRecipient { recipient, tenant, apply } => {
-            let master = crate::keys::resolve_master_key(settings, false)?;
+            let master = crate::keys::resolve::resolve_master_key(settings, false)?;
             let seal = crate::queue::seal::Seal::from_settings(&master, &settings.security);
             let report =
                 crate::queue::erase::erase_recipient(db, &seal, &recipient, tenant.as_deref(), apply, actor).await?;

@@ -1,9 +1,12 @@
 //! Command-line interface: `cifpool <command>`. This module parses the command line and runs `serve`,
-//! `migrate`, `config` and `fake-provider`; [`codes`] holds the code generator's commands,
-//! [`database`] those that work on the database directly and [`pools`] the operator's fence.
+//! `migrate` and `config`; [`codes`] holds the code generator's commands, [`database`] those that
+//! work on the database directly, [`pools`] the operator's fence and [`fake_provider`] the stand-in
+//! gateway of `cifpool fake-provider` (for tests, the lab, load runs and outage drills; the service
+//! itself never uses it).
 
 pub mod codes;
 pub mod database;
+pub mod fake_provider;
 pub mod pools;
 
 use std::net::SocketAddr;
@@ -71,7 +74,7 @@ pub enum Command {
         #[arg(long, default_value = "127.0.0.1:9101")]
         listen: SocketAddr,
         #[command(flatten)]
-        behaviour: crate::queue::fake_provider::FakeBehaviour,
+        behaviour: crate::cli::fake_provider::FakeBehaviour,
     },
     /// Dead-letter queue (connects to the database directly; with the embedded database while
     /// `serve` runs, use the /admin/dlq endpoints instead).
@@ -190,8 +193,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let listener =
                     tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
                 tracing::info!(addr = %listener.local_addr()?, ?behaviour, "fake provider listening");
-                let fake = crate::queue::fake_provider::FakeProvider::new(behaviour);
-                crate::queue::fake_provider::serve(fake, listener, crate::startup::shutdown_signal()).await?;
+                let fake = crate::cli::fake_provider::FakeProvider::new(behaviour);
+                crate::cli::fake_provider::serve(fake, listener, crate::startup::shutdown_signal()).await?;
                 anyhow::Ok(())
             })?;
             Ok(ExitCode::SUCCESS)

@@ -64,7 +64,7 @@ async fn reconcile(
     apply: bool,
     actor: &Actor,
 ) -> anyhow::Result<()> {
-    let master = crate::keys::resolve_master_key(settings, false)?;
+    let master = crate::keys::resolve::resolve_master_key(settings, false)?;
     let pools = crate::cif::Pools::reconcile(db, &settings.pools, &master).await?;
     let list: Box<dyn tokio::io::AsyncBufRead + Unpin + Send> = match file {
         Some(path) if path.as_os_str() != "-" => Box::new(tokio::io::BufReader::new(

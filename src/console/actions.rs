@@ -13,7 +13,7 @@ use crate::cif::{Pool, reclaim, upkeep};
 use crate::console::extract::{Action, ConsoleError, given};
 use crate::console::pages::{DeadLetterFilterForm, framed};
 use crate::queue::dlq::{self, DeadLetterAction, Replay};
-use crate::queue::pause::{self, PauseKind};
+use crate::queue::pause::PauseKind;
 use crate::state::AppState;
 
 fn pool(state: &AppState, name: &str) -> Result<std::sync::Arc<Pool>, ConsoleError> {
@@ -78,7 +78,9 @@ pub async fn pause(
         "resume" => false,
         other => return Err(ConsoleError::NotFound(format!("no queue action named {other:?}"))),
     };
-    let changed = pause::set_configured(&state.db, &state.queue, kind, &name, paused, &operator.actor)
+    let changed = state
+        .queue
+        .set_pause(&state.db, kind, &name, paused, &operator.actor)
         .await?
         .ok_or_else(|| ConsoleError::NotFound(format!("no {} named {name:?}", kind.as_str())))?;
     let notice = match (changed, paused) {

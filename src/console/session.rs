@@ -18,8 +18,8 @@ use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, PgPool};
 use subtle::ConstantTimeEq;
 
+use crate::audit::BOOTSTRAP;
 use crate::auth::api_key::{self, KeyDigest};
-use crate::auth::authenticator::BOOTSTRAP;
 use crate::config::{ConsoleSettings, SecureCookie, Settings};
 
 /// Name of the session cookie.

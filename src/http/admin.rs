@@ -13,7 +13,7 @@ use crate::cif::{fence, reclaim, refill::RefillOptions, upkeep};
 use crate::http::auth::{Authorized, needs};
 use crate::http::error::ApiError;
 use crate::queue::dlq::{self, DeadLetterAction, DlqFilter, Replay};
-use crate::queue::pause::{self, PauseKind};
+use crate::queue::pause::PauseKind;
 use crate::queue::store::JobView;
 use crate::queue::view::{self, QueueView};
 use crate::state::AppState;
@@ -291,7 +291,7 @@ async fn set_pause(
     name: String,
     paused: bool,
 ) -> Result<Json<PauseAnswer>, ApiError> {
-    match pause::set_configured(&state.db, &state.queue, kind, &name, paused, &auth.actor).await? {
+    match state.queue.set_pause(&state.db, kind, &name, paused, &auth.actor).await? {
         Some(changed) => Ok(Json(PauseAnswer { kind, name, paused, changed })),
         None => Err(ApiError::NotFound(format!("no {} named {name:?}", kind.as_str()))),
     }

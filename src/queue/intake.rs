@@ -19,8 +19,7 @@ use crate::queue::stats::QueueStats;
 
 /// Longest recipient.
 pub const MAX_RECIPIENT: usize = 256;
-/// Longest tenant name / idempotency key.
-pub const MAX_LABEL: usize = 128;
+pub use crate::validate::MAX_LABEL;
 /// Furthest a send may be scheduled ahead.
 pub const MAX_SCHEDULE_AHEAD: Duration = Duration::from_secs(30 * 86_400);
 

@@ -22,7 +22,6 @@
 //! - [`seal`]: recipients and payloads encrypted by the service before they reach the database.
 //! - [`privacy`]: a finished job's payload erased and recipient masked, at once or after its class's
 //!   `keep_personal_data`.
-//! - [`fake_provider`]: `cifpool fake-provider`, a provider double with latency, errors and hangs.
 //!
 //! Watching it:
 //! - [`stats`]: per-class depth, oldest age and drain rate (gauges, backpressure).
@@ -40,7 +39,6 @@ pub mod cancel;
 pub mod dlq;
 pub mod enqueue;
 pub mod erase;
-pub mod fake_provider;
 pub mod finish;
 pub mod intake;
 pub mod listen;

@@ -9,7 +9,6 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use crate::audit::{self, Actor, Event};
-use crate::queue::runtime::QueueRuntime;
 
 /// What a pause applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum)]
@@ -121,27 +120,4 @@ pub async fn set(db: &PgPool, kind: PauseKind, name: &str, paused: bool, actor: 
     }
     tx.commit().await?;
     Ok(changed)
-}
-
-/// [`set`] for a class or provider this deployment configures, applied on this pod at once (the others
-/// follow at their next budget sync). `None` when `rt` configures no such class or provider.
-pub async fn set_configured(
-    db: &PgPool,
-    rt: &QueueRuntime,
-    kind: PauseKind,
-    name: &str,
-    paused: bool,
-    actor: &Actor,
-) -> Result<Option<bool>, sqlx::Error> {
-    let known = match kind {
-        PauseKind::Class => rt.classes.contains_key(name),
-        PauseKind::Provider => rt.providers.contains_key(name),
-    };
-    if !known {
-        return Ok(None);
-    }
-    let changed = set(db, kind, name, paused, actor).await?;
-    rt.note_pause(kind, name, paused);
-    tracing::info!(kind = kind.as_str(), name, paused, changed, actor = %actor.name, "queue pause");
-    Ok(Some(changed))
 }

@@ -8,16 +8,10 @@
 //! A class may keep them for a stated time (`keep_personal_data`, e.g. for disputes over promotional
 //! messages). The job carries its class's value from intake (`notification_jobs.keep_personal_data`);
 //! the finishing statement then sets `personal_data_erase_at` instead, and the sweep erases the job's
-//! data once that passes ([`erase_due`]). Dead letters keep both until someone retries or discards
+//! data once that passes ([`crate::queue::store::erase_due`]). Dead letters keep both until someone retries or discards
 //! them, since a retry needs them.
 
-use std::sync::LazyLock;
-
-use sqlx::PgPool;
-
-use crate::claim::Pick;
 use crate::queue::status::JobStatus;
-use crate::queue::store::JOBS;
 
 /// `SET` items that erase a finishing job's personal data now, or schedule its erasure when its class
 /// keeps it. For statements that finish a job in every case.
@@ -54,30 +48,5 @@ pub(crate) fn masked(recipient: &str) -> String {
         format!("{}{tail}", "*".repeat(n - 4))
     } else {
         "*".repeat(n)
-    }
-}
-
-static ERASE_DUE: LazyLock<String> = LazyLock::new(|| {
-    JOBS.update_picked_sql(
-        &Pick {
-            from: &JobStatus::sql_list(&JobStatus::FINISHED),
-            filter: "personal_data_erase_at < now()",
-            order_by: Some("personal_data_erase_at"),
-        },
-        "payload = NULL, sealed = NULL, recipient = notification_masked(recipient), personal_data_erase_at = NULL",
-        "t.id",
-    )
-});
-
-/// Erases the kept payload and recipient of finished jobs whose keeping time has passed, in statements
-/// of up to `batch` rows; returns how many.
-pub async fn erase_due(db: &PgPool, batch: i64) -> Result<u64, sqlx::Error> {
-    let mut total = 0;
-    loop {
-        let done = sqlx::query(sqlx::AssertSqlSafe(ERASE_DUE.as_str())).bind(batch).execute(db).await?.rows_affected();
-        total += done;
-        if (done as i64) < batch {
-            return Ok(total);
-        }
     }
 }

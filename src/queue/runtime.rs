@@ -111,6 +111,29 @@ impl QueueRuntime {
         !self.pauses.read().expect("pauses lock").blocks(class, &c.provider.name)
     }
 
+    /// [`pause::set`] for a class or provider this deployment configures, applied on this pod at once
+    /// (the others follow at their next budget sync). `None` when no such class or provider is configured.
+    pub async fn set_pause(
+        &self,
+        db: &PgPool,
+        kind: PauseKind,
+        name: &str,
+        paused: bool,
+        actor: &crate::audit::Actor,
+    ) -> Result<Option<bool>, sqlx::Error> {
+        let known = match kind {
+            PauseKind::Class => self.classes.contains_key(name),
+            PauseKind::Provider => self.providers.contains_key(name),
+        };
+        if !known {
+            return Ok(None);
+        }
+        let changed = pause::set(db, kind, name, paused, actor).await?;
+        self.note_pause(kind, name, paused);
+        tracing::info!(kind = kind.as_str(), name, paused, changed, actor = %actor.name, "queue pause");
+        Ok(Some(changed))
+    }
+
     /// Records a pause or resume made through this pod at once (the others read it within a sync).
     pub fn note_pause(&self, kind: PauseKind, name: &str, paused: bool) {
         self.pauses.write().expect("pauses lock").set(kind, name, paused);

@@ -28,7 +28,7 @@ pub async fn sweep(db: &PgPool, runtime: &QueueRuntime) -> Result<(), sqlx::Erro
         metrics::counter!("cifpool_queue_expired_total", "class" => class.clone()).increment(n);
         tracing::warn!(%class, jobs = n, "expired jobs that missed their deadline while waiting");
     }
-    let erased = crate::queue::privacy::erase_due(db, SWEEP_BATCH).await?;
+    let erased = store::erase_due(db, SWEEP_BATCH).await?;
     if erased > 0 {
         tracing::info!(jobs = erased, "erased the kept personal data of finished jobs past keep_personal_data");
     }

@@ -8,9 +8,9 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use cifpool::cli::fake_provider::FakeBehaviour;
 use cifpool::config::Settings;
 use cifpool::queue::budget::Room;
-use cifpool::queue::fake_provider::FakeBehaviour;
 use cifpool::queue::policy::Strategy;
 use cifpool::queue::worker::Outcome;
 use common::queue_env::{drain, env};

@@ -5,7 +5,7 @@
 use crate::common;
 
 use cifpool::auth::Scope;
-use cifpool::queue::fake_provider::FakeBehaviour;
+use cifpool::cli::fake_provider::FakeBehaviour;
 use cifpool::queue::policy::Strategy;
 use cifpool::queue::worker::Outcome;
 use common::queue_env::{Env, drain, env, env_with};

@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use cifpool::queue::fake_provider::FakeBehaviour;
+use cifpool::cli::fake_provider::FakeBehaviour;
 use cifpool::queue::policy::Strategy;
 use cifpool::queue::worker::Outcome;
 use common::queue_env::{Env, env};

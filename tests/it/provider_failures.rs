@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
-use cifpool::queue::fake_provider::FakeBehaviour;
+use cifpool::cli::fake_provider::FakeBehaviour;
 use cifpool::queue::policy::Strategy;
 use cifpool::queue::provider::{HttpProvider, Message, Provider, SendError};
 use cifpool::queue::store;

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cifpool::claim::Fenced;
+use cifpool::cli::fake_provider::FakeBehaviour;
 use cifpool::config::OverloadMode;
 use cifpool::queue::budget::{ProviderBudget, Room};
-use cifpool::queue::fake_provider::FakeBehaviour;
 use cifpool::queue::policy::{ClaimOrder, GroupPolicy, Strategy};
 use cifpool::queue::stats::ClassStats;
 use cifpool::queue::worker::Outcome;

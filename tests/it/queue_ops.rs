@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, SubsecRound, Utc};
 use cifpool::auth::Scope;
+use cifpool::cli::fake_provider::FakeBehaviour;
 use cifpool::config::OverloadMode;
-use cifpool::queue::fake_provider::FakeBehaviour;
 use cifpool::queue::intake::{self, Admission};
 use cifpool::queue::policy::Strategy;
 use cifpool::queue::stats::{ClassStats, Refreshed, STATS_LOCK};

@@ -1,15 +1,13 @@
 //! The budget's side in Postgres: registering a provider, sharing a `Retry-After`, one pod's sync
-//! (the deployment-wide AIMD step and its water-filled share, in one transaction), and the task that
-//! keeps the shares current and gives them back at shutdown.
+//! (the deployment-wide AIMD step and its water-filled share, in one transaction), giving the shares
+//! back.
 
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::{DECREASE, EARLY_SYNC_GAP, ProviderBudget, REGROWTH, SAFETY, STALL, SYNC_INTERVAL, water_fill};
-use crate::queue::runtime::QueueRuntime;
+use super::{DECREASE, ProviderBudget, REGROWTH, SAFETY, STALL, SYNC_INTERVAL, Share, divide};
 
 /// Records a provider's `Retry-After` for the whole deployment.
 pub async fn pause(db: &PgPool, provider: &str, retry_after: Duration) -> Result<(), sqlx::Error> {
@@ -161,12 +159,10 @@ impl ProviderBudget {
                 .await?;
         let paused_for = paused_secs.filter(|s| *s > 0.0).map(Duration::from_secs_f64);
         let budget = if paused_for.is_some() { 0 } else { limit.floor().max(0.0) as u32 };
-        let mut wants: Vec<u32> = others.iter().map(|(_, w)| (*w).max(0) as u32).collect();
-        wants.push(want);
-        let target = *water_fill(budget, &wants).last().expect("mine is in");
-        let others_hold: u32 = others.iter().map(|(s, _)| (*s).max(0) as u32).sum();
-        let ceiling = budget.saturating_sub(others_hold);
-        let allowed = target.min(ceiling);
+        let others: Vec<Share> =
+            others.iter().map(|&(held, want)| Share { held: held.max(0) as u32, want: want.max(0) as u32 }).collect();
+        let portion = divide(budget, &others, want);
+        let (allowed, ceiling) = (portion.allowed, portion.ceiling);
         // Shrink locally now, before the smaller share is recorded: sends that start while this
         // transaction runs must stay within what it records, or another pod could be given units this
         // pod is still starting sends on. (Growth waits for the commit, in `sync`.) Units still in
@@ -176,11 +172,11 @@ impl ProviderBudget {
             s.cap = s.cap.min(allowed);
             s.in_flight
         };
-        let recorded = allowed.max(in_flight);
+        let recorded = portion.recorded(in_flight);
         let tokens = match (self.rate, bucket) {
             (Some(rate), Some(available)) if allowed > 0 => {
-                let portion = rate * SYNC_INTERVAL.as_secs_f64() * 2.0 * f64::from(allowed) / f64::from(budget.max(1));
-                available.min(portion.ceil().max(1.0))
+                let part = rate * SYNC_INTERVAL.as_secs_f64() * 2.0 * f64::from(allowed) / f64::from(budget.max(1));
+                available.min(part.ceil().max(1.0))
             }
             _ => 0.0,
         };
@@ -218,53 +214,4 @@ impl ProviderBudget {
 pub async fn leave(db: &PgPool, member: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query("DELETE FROM provider_shares WHERE member = $1").bind(member).execute(db).await?;
     Ok(())
-}
-
-/// Keeps this pod's shares of every provider current until `stop`, then, once its sends have ended
-/// (or after `grace`), gives them back. It syncs on a connection of its own, so a busy pool (every
-/// worker finishing at once after a stall) cannot delay a sync into looking like a stall.
-pub async fn run(db: PgPool, runtime: std::sync::Arc<QueueRuntime>, grace: Duration, stop: CancellationToken) {
-    let db = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .min_connections(0)
-        .acquire_timeout(Duration::from_secs(5))
-        .test_before_acquire(true)
-        .connect_lazy_with(db.connect_options().as_ref().clone());
-    for handle in runtime.providers.values() {
-        if let Err(e) = register(&db, &handle.budget).await {
-            tracing::warn!(provider = handle.name, error = %e, "registering the provider budget failed; syncs retry");
-        }
-    }
-    let mut tick = tokio::time::interval(SYNC_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_sync: Option<Instant> = None;
-    loop {
-        let ticked = tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tick.tick() => true,
-            _ = runtime.share_wanted.notified() => {
-                if let Some(wait) = last_sync.and_then(|at| EARLY_SYNC_GAP.checked_sub(at.elapsed())) {
-                    tokio::time::sleep(wait).await;
-                }
-                false
-            }
-        };
-        last_sync = Some(Instant::now());
-        runtime.sync_budgets(&db).await;
-        if !ticked {
-            continue;
-        }
-        if let Err(e) = runtime.refresh_pauses(&db).await {
-            tracing::debug!(error = %e, "reading the queue pauses failed; the last ones read stay in force");
-        }
-    }
-    // Keep syncing (the shares stay valid) while the sends of this pod drain, then leave.
-    let deadline = Instant::now() + grace;
-    while runtime.providers.values().any(|h| h.budget.in_flight() > 0) && Instant::now() < deadline {
-        tick.tick().await;
-        runtime.sync_budgets(&db).await;
-    }
-    if let Err(e) = leave(&db, runtime.member).await {
-        tracing::debug!(error = %e, "could not give back the provider shares; they expire with their lease");
-    }
 }

@@ -166,17 +166,17 @@ pub async fn assert_problem(response: reqwest::Response, status: u16) -> serde_j
 /// An in-process fake provider on port 0.
 pub struct FakeServer {
     /// Its state (behaviour, delivery counts).
-    pub fake: std::sync::Arc<cifpool::queue::fake_provider::FakeProvider>,
+    pub fake: std::sync::Arc<cifpool::cli::fake_provider::FakeProvider>,
     /// Base URL.
     pub url: String,
 }
 
 /// Starts a fake provider for the rest of the test.
-pub async fn fake_server(behaviour: cifpool::queue::fake_provider::FakeBehaviour) -> FakeServer {
-    let fake = cifpool::queue::fake_provider::FakeProvider::new(behaviour);
+pub async fn fake_server(behaviour: cifpool::cli::fake_provider::FakeBehaviour) -> FakeServer {
+    let fake = cifpool::cli::fake_provider::FakeProvider::new(behaviour);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(cifpool::queue::fake_provider::serve(fake.clone(), listener, std::future::pending()));
+    tokio::spawn(cifpool::cli::fake_provider::serve(fake.clone(), listener, std::future::pending()));
     FakeServer { fake, url }
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cifpool::queue::fake_provider::FakeBehaviour;
+use cifpool::cli::fake_provider::FakeBehaviour;
 use cifpool::queue::policy::Strategy;
 use cifpool::queue::worker::{Outcome, WorkerGroup};
 use serde_json::{Value, json};

@@ -15,11 +15,11 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use cifpool::auth::{Caller, Scope};
+use cifpool::cli::fake_provider::{FakeBehaviour, FakeProvider};
 use cifpool::config::{ClassSettings, ProviderKind, ProviderSettings, QueueSettings};
 use cifpool::db::Database;
 use cifpool::queue::batch;
 use cifpool::queue::enqueue;
-use cifpool::queue::fake_provider::{FakeBehaviour, FakeProvider};
 use cifpool::queue::intake::{self, NewJob};
 use cifpool::queue::policy::Strategy;
 use cifpool::queue::runtime::QueueRuntime;
@@ -180,7 +180,7 @@ async fn fake(latency: Duration) -> anyhow::Result<(Arc<FakeProvider>, String, C
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let stop = CancellationToken::new();
-    tokio::spawn(cifpool::queue::fake_provider::serve(fake.clone(), listener, stop.clone().cancelled_owned()));
+    tokio::spawn(cifpool::cli::fake_provider::serve(fake.clone(), listener, stop.clone().cancelled_owned()));
     Ok((fake, url, stop))
 }
 

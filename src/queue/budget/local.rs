@@ -1,98 +1,49 @@
-//! Provider budgets that hold for the whole deployment, not per pod.
-//!
-//! A provider's `max_concurrency` is the number of calls cifpool may have in flight to it across every
-//! pod. Postgres is the coordination point: `provider_budgets` holds each provider's deployment-wide
-//! state (the adaptive limit, a pause, a token bucket for `max_rate_per_second`), and
-//! `provider_shares` one row per pod and provider: the part of the budget that pod may use, under a
-//! lease.
-//!
-//! ```text
-//!   provider_budgets (sms)        provider_shares (sms)                 pod-local
-//!   limit 20, max 20         ┌──> pod A  share 12  want 40  lease t+30s  ──> 12 sends at once
-//!   tokens 37 (rate 50/s)    ├──> pod B  share  8  want 40  lease t+30s  ──>  8 sends at once
-//!   paused_until —           └──> pod C  (dead: lease expired, row removed, its 8 go to A and B)
-//! ```
-//!
-//! Every [`SYNC_INTERVAL`] each pod, in one transaction that locks the provider's budget row: reports
-//! the successes and overloads it saw (the deployment-wide AIMD step), drops expired shares, and takes
-//! its fair part of the budget (water-filling the live pods' wants) but never more than what the other
-//! pods' recorded shares leave free. Since every increase is made under that lock against the recorded
-//! shares, and a pod never sends more than its share, the sum of calls in flight never exceeds the
-//! budget. A pod shrinks its share at once but records no less than it has in flight, so units still
-//! in use are never handed to another pod. A pod trusts its share only until its lease minus the
-//! provider timeout: a pod cut off from the database stops starting sends before its share can expire
-//! and be given away, so even a database stall cannot push the total over the budget.
-//!
-//! A claim that stops at a job because this pod's share of its provider is full, while the budget
-//! could give the pod more, asks for a sync at once ([`crate::queue::runtime::QueueRuntime::ask_for_more`]; at most one per
-//! [`EARLY_SYNC_GAP`]) instead of waiting for the next interval: its workers wait on that provider.
-//!
-//! Pacing: errors cut the deployment's limit by 30 % (at most once a second, whoever sees them), and
-//! it grows back by one slot per `limit` successes but never faster than the whole range (floor to
-//! `max_concurrency`) in [`REGROWTH`]. A pod that could not reach the database restarts the provider
-//! at its floor. So after an outage or a stall the send rate rises over seconds instead of stepping
-//! to the maximum. A `Retry-After` from the provider pauses it for every pod until then.
+//! One pod's view of a provider's budget: its share, the sends in flight on it, the rate tokens it
+//! holds, a local pause, and the permits sends take. The database side is in `sync`.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::SYNC_INTERVAL;
 use crate::config::ProviderSettings;
-
-mod sync;
-
-pub use sync::{leave, pause, register, run};
-
-/// How often a pod reconciles its shares with the database.
-pub const SYNC_INTERVAL: Duration = Duration::from_millis(200);
-/// The least time between two syncs when claims ask for more ([`crate::queue::runtime::QueueRuntime::ask_for_more`]), so
-/// a pod whose claims keep stopping does not turn the budget rows into a hot spot.
-pub const EARLY_SYNC_GAP: Duration = Duration::from_millis(20);
-/// The least time the limit takes to grow from the floor back to `max_concurrency`.
-pub const REGROWTH: Duration = Duration::from_secs(10);
-/// Multiplicative cut on overload.
-const DECREASE: f64 = 0.7;
-/// A share is trusted locally until this long before its lease, on top of the provider timeout.
-const SAFETY: Duration = Duration::from_secs(1);
-/// A sync slower than this means the database stalled.
-const STALL: Duration = Duration::from_secs(2);
 
 /// This pod's view of one provider's budget.
 #[derive(Debug)]
 pub struct ProviderBudget {
-    name: String,
-    max: u32,
-    min: u32,
-    rate: Option<f64>,
-    timeout: Duration,
-    state: Mutex<Local>,
-    freed: Notify,
+    pub(super) name: String,
+    pub(super) max: u32,
+    pub(super) min: u32,
+    pub(super) rate: Option<f64>,
+    pub(super) timeout: Duration,
+    pub(super) state: Mutex<Local>,
+    pub(super) freed: Notify,
 }
 
 #[derive(Debug, Default)]
-struct Local {
+pub(super) struct Local {
     /// Sends this pod may have in flight now (its allowed share).
-    cap: u32,
+    pub(super) cap: u32,
     /// Sends in flight on this pod.
-    in_flight: u32,
+    pub(super) in_flight: u32,
     /// Send tokens of the rate limit taken from the bucket and not used yet.
-    tokens: f64,
+    pub(super) tokens: f64,
     /// No new sends before this (a provider's `Retry-After`).
-    paused_until: Option<Instant>,
+    pub(super) paused_until: Option<Instant>,
     /// The share is trusted until then; `None`: never synced.
-    valid_until: Option<Instant>,
+    pub(super) valid_until: Option<Instant>,
     /// Successes and overloads seen since the last sync.
-    successes: u64,
-    overloads: u64,
+    pub(super) successes: u64,
+    pub(super) overloads: u64,
     /// A claim found no capacity since the last sync (demand this pod could not serve).
-    starved: bool,
+    pub(super) starved: bool,
     /// The last sync failed: the next one restarts the provider at its floor.
-    stalled: bool,
+    pub(super) stalled: bool,
     /// The deployment-wide limit as last read.
-    limit: f64,
+    pub(super) limit: f64,
     /// The most the last sync could have granted this pod: the budget less the other pods' shares.
-    ceiling: u32,
+    pub(super) ceiling: u32,
 }
 
 /// What a claim may do with a provider's jobs right now (see [`ProviderBudget::room`]).
@@ -239,7 +190,7 @@ impl ProviderBudget {
         self.publish(&s);
     }
 
-    fn publish(&self, s: &Local) {
+    pub(super) fn publish(&self, s: &Local) {
         let p = self.name.clone();
         metrics::gauge!("cifpool_provider_deployment_limit", "provider" => p.clone()).set(s.limit.floor());
         metrics::gauge!("cifpool_provider_pod_share", "provider" => p.clone()).set(f64::from(s.cap));
@@ -272,29 +223,4 @@ impl Drop for Permit<'_> {
     fn drop(&mut self) {
         self.budget.release(None);
     }
-}
-
-/// Splits `budget` among `wants` (water-filling): everyone gets what they want if it all fits,
-/// otherwise the smallest wants are met and the rest share equally (remainders to the first).
-pub fn water_fill(budget: u32, wants: &[u32]) -> Vec<u32> {
-    let mut out = vec![0u32; wants.len()];
-    let mut order: Vec<usize> = (0..wants.len()).collect();
-    order.sort_by_key(|&i| (wants[i], i));
-    let mut left = budget;
-    for (n, &i) in order.iter().enumerate() {
-        let remaining = (order.len() - n) as u32;
-        let fair = left / remaining;
-        out[i] = wants[i].min(fair);
-        left -= out[i];
-    }
-    // Integer division leaves up to `remaining - 1` units: hand them to those still short.
-    for &i in order.iter().rev() {
-        if left == 0 {
-            break;
-        }
-        let extra = (wants[i] - out[i]).min(left);
-        out[i] += extra;
-        left -= extra;
-    }
-    out
 }
