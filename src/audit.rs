@@ -42,18 +42,18 @@ impl Actor {
 }
 
 /// The actor name of the service's own work.
-pub const SYSTEM: &str = "system";
+pub(crate) const SYSTEM: &str = "system";
 
 /// The actor name of `security.admin_token`'s bearer.
-pub const BOOTSTRAP: &str = "bootstrap";
+pub(crate) const BOOTSTRAP: &str = "bootstrap";
 
 /// The actor name of a refused attempt whose credential named nobody (a failed console sign-in).
-pub const ANONYMOUS: &str = "anonymous";
+pub(crate) const ANONYMOUS: &str = "anonymous";
 
 /// Whether `name` is (or could be read as) an actor the service writes itself: `system`, `bootstrap`
 /// (the admin token) or `cli:…` (an operator at the command line), in any letter case. No API key may
 /// take such a name, or the audit trail could not tell its actions from the service's.
-pub fn is_reserved_actor(name: &str) -> bool {
+pub(crate) fn is_reserved_actor(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
     lower == SYSTEM || lower == ANONYMOUS || lower == BOOTSTRAP || lower.starts_with("cli:")
 }
@@ -61,57 +61,57 @@ pub fn is_reserved_actor(name: &str) -> bool {
 /// What the audited actions are called.
 pub mod action {
     /// A code was reserved.
-    pub const CIF_RESERVED: &str = "cif.reserved";
+    pub(crate) const CIF_RESERVED: &str = "cif.reserved";
     /// A reservation was served again for a repeated `Idempotency-Key`.
-    pub const CIF_REPLAYED: &str = "cif.replayed";
+    pub(crate) const CIF_REPLAYED: &str = "cif.replayed";
     /// A code was confirmed: it is a customer's number for good.
-    pub const CIF_CONFIRMED: &str = "cif.confirmed";
+    pub(crate) const CIF_CONFIRMED: &str = "cif.confirmed";
     /// A hold was released by its holder.
-    pub const CIF_RELEASED: &str = "cif.released";
+    pub(crate) const CIF_RELEASED: &str = "cif.released";
     /// A hold's lease was extended.
-    pub const CIF_EXTENDED: &str = "cif.extended";
+    pub(crate) const CIF_EXTENDED: &str = "cif.extended";
     /// A hold whose lease expired was taken back (by the schedule or an admin).
-    pub const CIF_RECLAIMED: &str = "cif.reclaimed";
+    pub(crate) const CIF_RECLAIMED: &str = "cif.reclaimed";
     /// A refill batch generated codes (detail: the counters).
-    pub const POOL_REFILLED: &str = "pool.refilled";
+    pub(crate) const POOL_REFILLED: &str = "pool.refilled";
     /// The pool was fenced: the database was not the one codes were issued from, so its available and
     /// held codes were set aside and its counter moved on (detail: fence, set_aside, counter_from,
     /// counter_to).
-    pub const POOL_FENCED: &str = "pool.fenced";
+    pub(crate) const POOL_FENCED: &str = "pool.fenced";
     /// The pool was reconciled with the customer system's list of issued codes (detail: listed,
     /// already_issued, were_available, were_held, were_set_aside, were_unknown, counter_before,
     /// counter_after).
-    pub const POOL_RECONCILED: &str = "pool.reconciled";
+    pub(crate) const POOL_RECONCILED: &str = "pool.reconciled";
     /// An operator accepted a changed database as it is, without fencing (detail: previous, current).
-    pub const INCARNATION_ACCEPTED: &str = "incarnation.accepted";
+    pub(crate) const INCARNATION_ACCEPTED: &str = "incarnation.accepted";
     /// Dead letters were put back in the queue (detail: filter, pace, count).
-    pub const DLQ_REPLAYED: &str = "dlq.replayed";
+    pub(crate) const DLQ_REPLAYED: &str = "dlq.replayed";
     /// An API key was created (detail: scopes, tenants).
-    pub const KEY_CREATED: &str = "key.created";
+    pub(crate) const KEY_CREATED: &str = "key.created";
     /// An API key was revoked.
-    pub const KEY_REVOKED: &str = "key.revoked";
+    pub(crate) const KEY_REVOKED: &str = "key.revoked";
     /// A notification was canceled before it was sent (detail: job, tenant, class).
-    pub const JOB_CANCELED: &str = "job.canceled";
+    pub(crate) const JOB_CANCELED: &str = "job.canceled";
     /// Unsent jobs of a batch were canceled (detail: batch, count; one row per statement).
-    pub const BATCH_CANCELED: &str = "batch.canceled";
+    pub(crate) const BATCH_CANCELED: &str = "batch.canceled";
     /// A class or a provider was paused for every pod (detail: kind, name).
-    pub const QUEUE_PAUSED: &str = "queue.paused";
+    pub(crate) const QUEUE_PAUSED: &str = "queue.paused";
     /// A pause was lifted (detail: kind, name).
-    pub const QUEUE_RESUMED: &str = "queue.resumed";
+    pub(crate) const QUEUE_RESUMED: &str = "queue.resumed";
     /// One dead letter was put back in the queue (detail: job, extra attempts).
-    pub const DLQ_RETRIED: &str = "dlq.retried";
+    pub(crate) const DLQ_RETRIED: &str = "dlq.retried";
     /// One dead letter was discarded (detail: job).
-    pub const DLQ_DISCARDED: &str = "dlq.discarded";
+    pub(crate) const DLQ_DISCARDED: &str = "dlq.discarded";
     /// One recipient's personal data was erased on request (detail: tenant, matched, canceled,
     /// discarded, erased, in_flight; never the recipient).
-    pub const PERSONAL_DATA_ERASED: &str = "personal_data.erased";
+    pub(crate) const PERSONAL_DATA_ERASED: &str = "personal_data.erased";
     /// An admin signed in to the operations console (the actor is the key that signed in).
-    pub const CONSOLE_SIGNED_IN: &str = "console.signed_in";
+    pub(crate) const CONSOLE_SIGNED_IN: &str = "console.signed_in";
     /// An admin signed out of the operations console.
-    pub const CONSOLE_SIGNED_OUT: &str = "console.signed_out";
+    pub(crate) const CONSOLE_SIGNED_OUT: &str = "console.signed_out";
     /// A console sign-in was refused (detail: the client's address and why); the actor is
     /// `anonymous` for an unknown key, else the key that lacked the admin scope.
-    pub const CONSOLE_SIGN_IN_REFUSED: &str = "console.sign_in_refused";
+    pub(crate) const CONSOLE_SIGN_IN_REFUSED: &str = "console.sign_in_refused";
 }
 
 /// The statement `statement` (whose `RETURNING` rows are the CTE `done`) followed, in the same
@@ -122,7 +122,7 @@ pub fn audited(statement: &str, insert: &str, result: &str) -> String {
 
 /// The SQL expressions of one audit row's columns; unset ones are `NULL`.
 #[derive(Debug, Clone, Copy)]
-pub struct Columns<'a> {
+pub(crate) struct Columns<'a> {
     /// The actor's name.
     pub actor: &'a str,
     /// The service's request id.
@@ -157,7 +157,7 @@ impl Default for Columns<'_> {
 }
 
 /// `INSERT INTO audit_events … SELECT '{action}', {columns} FROM {from}`: one row per row of `from`.
-pub fn insert_from(action: &str, columns: &Columns<'_>, from: &str) -> String {
+pub(crate) fn insert_from(action: &str, columns: &Columns<'_>, from: &str) -> String {
     let Columns { actor, request_id, client_request_id, pool, cif, holder, customer_ref, detail } = columns;
     format!(
         "INSERT INTO audit_events (action, actor, request_id, client_request_id, pool, cif, holder, customer_ref, \
@@ -255,7 +255,7 @@ pub struct AuditQuery {
 }
 
 /// Largest page of a search.
-pub const MAX_PAGE: i64 = 1000;
+pub(crate) const MAX_PAGE: i64 = 1000;
 
 impl AuditQuery {
     /// Filter values go to SQL as text: bounded, no control characters.

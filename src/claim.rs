@@ -34,7 +34,7 @@
 
 /// Describes a claimable table.
 #[derive(Debug, Clone, Copy)]
-pub struct ClaimTable {
+pub(crate) struct ClaimTable {
     /// Table name.
     pub table: &'static str,
     /// Primary key columns (joined on when updating the picked rows).
@@ -49,7 +49,7 @@ pub struct ClaimTable {
 
 /// The parts of a claim statement a caller chooses.
 #[derive(Debug, Clone, Copy)]
-pub struct ClaimSpec<'a> {
+pub(crate) struct ClaimSpec<'a> {
     /// SQL literal(s) of the claimable state(s), e.g. `'available'` or `'pending', 'retrying'`.
     pub free: &'a str,
     /// SQL literal of the held state, e.g. `'reserved'`.
@@ -97,7 +97,7 @@ pub enum Fenced {
 
 impl Fenced {
     /// Interprets `rows_affected()` of a fenced statement.
-    pub fn from_rows(rows: u64) -> Fenced {
+    pub(crate) fn from_rows(rows: u64) -> Fenced {
         if rows == 0 { Fenced::LeaseLost } else { Fenced::Done }
     }
 }
@@ -157,7 +157,7 @@ impl ClaimTable {
 
     /// A fenced update of one held row. Binds: `$1` token (`uuid`), then the caller's `key_where` and
     /// `set` parameters. `set` should also clear the token/lease when the write ends the hold.
-    pub fn fenced_update_sql(&self, held: &str, key_where: &str, set: &str, returning: Option<&str>) -> String {
+    pub(crate) fn fenced_update_sql(&self, held: &str, key_where: &str, set: &str, returning: Option<&str>) -> String {
         let ClaimTable { table, state, token, .. } = *self;
         let returning = returning.map(|r| format!(" RETURNING {r}")).unwrap_or_default();
         format!("UPDATE {table} SET {set} WHERE {key_where} AND {state} = {held} AND {token} = $1{returning}")
@@ -167,7 +167,7 @@ impl ClaimTable {
     /// item aliased `f` that has the key columns and a `token` column; each row is updated only if it
     /// is held with exactly that token, so the rows returned are the ones whose fence held. `set` and
     /// `returning` may use `t.` (the row) and `f.` (its input).
-    pub fn fenced_update_many_sql(&self, held: &str, rows: &str, set: &str, returning: &str) -> String {
+    pub(crate) fn fenced_update_many_sql(&self, held: &str, rows: &str, set: &str, returning: &str) -> String {
         let ClaimTable { table, state, token, .. } = *self;
         format!(
             "UPDATE {table} AS t SET {set} FROM {rows} \
@@ -180,14 +180,14 @@ impl ClaimTable {
 
     /// A fenced delete of one held row (a finish that moves the row elsewhere, e.g. a confirmed code).
     /// Binds: `$1` token, then the caller's.
-    pub fn fenced_delete_sql(&self, held: &str, key_where: &str, returning: &str) -> String {
+    pub(crate) fn fenced_delete_sql(&self, held: &str, key_where: &str, returning: &str) -> String {
         let ClaimTable { table, state, token, .. } = *self;
         format!("DELETE FROM {table} WHERE {key_where} AND {state} = {held} AND {token} = $1 RETURNING {returning}")
     }
 
     /// Extends a current lease. Binds: `$1` token, `$2` lease seconds from now (`float8`), then the
     /// caller's `key_where` parameters from `$3`. Returns `returning` (the new expiry among them).
-    pub fn extend_sql(&self, held: &str, key_where: &str, returning: &str) -> String {
+    pub(crate) fn extend_sql(&self, held: &str, key_where: &str, returning: &str) -> String {
         let lease = self.lease;
         self.fenced_update_sql(
             held,
@@ -201,7 +201,7 @@ impl ClaimTable {
     /// `set` adds assignments (e.g. a retry time); `filter` narrows the sweep (may use `$2…`).
     /// `carry` lists columns of the row as it was before the sweep (e.g. `holder`, which `set` may
     /// wipe), which `returning` may then read as `expired.<column>`; empty for none.
-    pub fn sweep_sql(
+    pub(crate) fn sweep_sql(
         &self,
         held: &str,
         free_state: &str,
@@ -253,7 +253,7 @@ impl ClaimTable {
     /// Updates up to `$1` picked rows. `set` may use `t.` (the row) and `picked.position`, the row's
     /// 0-based rank in this batch by key (to spread the rows out, e.g. over time). Binds: `$1` batch
     /// limit (`int8`), then the caller's from `$2`.
-    pub fn update_picked_sql(&self, pick: &Pick<'_>, set: &str, returning: &str) -> String {
+    pub(crate) fn update_picked_sql(&self, pick: &Pick<'_>, set: &str, returning: &str) -> String {
         let table = self.table;
         let keys = self.key.join(", ");
         // Window functions cannot share a SELECT with FOR UPDATE: number the locked rows apart.
@@ -274,7 +274,7 @@ impl ClaimTable {
     /// Locks up to `$1` picked rows for the caller's transaction and returns `columns` of each (`t.` is
     /// the row), in the pick's order: for a transition the caller computes row by row before it writes
     /// it in the same transaction. Binds: `$1` batch limit (`int8`), then the caller's from `$2`.
-    pub fn lock_picked_sql(&self, pick: &Pick<'_>, columns: &str) -> String {
+    pub(crate) fn lock_picked_sql(&self, pick: &Pick<'_>, columns: &str) -> String {
         let table = self.table;
         let order = pick.order_by.map(|o| format!(" ORDER BY {o}")).unwrap_or_default();
         format!(
@@ -285,7 +285,7 @@ impl ClaimTable {
     }
 
     /// Deletes up to `$1` picked rows. Binds: `$1` batch limit (`int8`), then the caller's from `$2`.
-    pub fn delete_picked_sql(&self, pick: &Pick<'_>) -> String {
+    pub(crate) fn delete_picked_sql(&self, pick: &Pick<'_>) -> String {
         let table = self.table;
         format!(
             "WITH {picked} DELETE FROM {table} AS t USING picked WHERE ({tkeys}) = ({pkeys})",

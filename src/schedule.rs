@@ -8,7 +8,7 @@ use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::task::TaskTracker;
 
 /// Checks a 6-field (with seconds) cron expression, e.g. `*/15 * * * * *`.
-pub fn validate_cron(schedule: &str) -> Result<(), String> {
+pub(crate) fn validate_cron(schedule: &str) -> Result<(), String> {
     Job::new_async(schedule, |_, _| Box::pin(async {}))
         .map(|_| ())
         .map_err(|_| format!("{schedule:?} is not a cron expression with seconds (e.g. \"*/15 * * * * *\")"))

@@ -118,7 +118,7 @@ impl Application {
     /// up to `server.shutdown_grace`, then the database (and the embedded cluster) close. A
     /// background task that keeps failing (see [`crate::supervise`]) also shuts the service down,
     /// and then this returns that failure as an error (the process exits non-zero).
-    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    pub(crate) async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let Application { listener, state, database, background, restart, extra } = self;
         let grace = state.settings.server.shutdown_grace;
         let stop = CancellationToken::new();
@@ -310,7 +310,7 @@ async fn record_start(pool: &PgPool) {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing SIGINT handler");

@@ -50,7 +50,7 @@ impl AppState {
     }
 
     /// Like [`AppState::new`] with a given queue runtime (tests and the lab supply their providers).
-    pub fn with_queue(db: PgPool, settings: Settings, pools: Pools, queue: Arc<QueueRuntime>) -> AppState {
+    pub(crate) fn with_queue(db: PgPool, settings: Settings, pools: Pools, queue: Arc<QueueRuntime>) -> AppState {
         let upkeep = TaskTracker::new();
         let auth = Arc::new(Authenticator::new(db.clone(), settings.security.admin_token.clone(), upkeep.clone()));
         let limits = Arc::new(crate::http::limits::CallerLimits::new(&settings.security));

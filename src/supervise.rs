@@ -69,7 +69,7 @@ impl Liveness {
 /// for, logs and counts it, waits a back-off and starts a fresh one. After
 /// `policy.give_up_after` failures in a row it gives up and returns why. `liveness` counts the task
 /// as running while a copy runs.
-pub async fn supervised<F, Fut>(
+pub(crate) async fn supervised<F, Fut>(
     task: String,
     liveness: &Liveness,
     stop: CancellationToken,
@@ -139,7 +139,7 @@ where
 
 /// Why a task that should run until the stop ended before it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// The task's name as it was started.
     pub task: String,
     /// What happened, in words for the log.
@@ -171,7 +171,7 @@ impl Supervisor {
     }
 
     /// The same, restarting by `policy`.
-    pub fn with_policy(mut self, policy: RestartPolicy) -> Supervisor {
+    pub(crate) fn with_policy(mut self, policy: RestartPolicy) -> Supervisor {
         self.policy = policy;
         self
     }
@@ -193,7 +193,7 @@ impl Supervisor {
 
     /// Keeps `make()` running until the stop, started again after a panic or an early return
     /// (see [`supervised`]); it takes the stop token.
-    pub fn keep_running<F, Fut>(&mut self, name: impl Into<String>, make: F)
+    pub(crate) fn keep_running<F, Fut>(&mut self, name: impl Into<String>, make: F)
     where
         F: Fn(CancellationToken) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
@@ -222,7 +222,7 @@ impl Supervisor {
 
     /// Runs `task`, which ends by itself after the stop (a worker group drains its sends first) and
     /// cannot be started again: its end before the stop is a failure.
-    pub fn run_once(&mut self, name: impl Into<String>, task: impl Future<Output = ()> + Send + 'static) {
+    pub(crate) fn run_once(&mut self, name: impl Into<String>, task: impl Future<Output = ()> + Send + 'static) {
         self.add(name.into(), async move {
             task.await;
             Ok(())
@@ -242,7 +242,7 @@ impl Supervisor {
 
     /// Waits for the first task to end before the stop (given up, panicked or returned) and says
     /// which and how; pending for as long as every task runs. Safe to cancel.
-    pub async fn first_failure(&mut self) -> Failure {
+    pub(crate) async fn first_failure(&mut self) -> Failure {
         loop {
             let Some(ended) = self.tasks.join_next_with_id().await else {
                 return std::future::pending().await;

@@ -15,13 +15,13 @@ pub fn text(field: &str, value: &str, max: usize) -> Result<(), String> {
 }
 
 /// Longest tenant name or idempotency key (of a job, or in an API key's tenant list).
-pub const MAX_LABEL: usize = 128;
+pub(crate) const MAX_LABEL: usize = 128;
 
 /// Largest payload of one job, in bytes of its JSON text, whether enqueued alone or in a batch: a
 /// claim loads up to `claim_batch` payloads at once, so one job must not be able to fill a pod's memory.
-pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 /// Deepest nesting of arrays and objects in a payload.
-pub const MAX_PAYLOAD_DEPTH: usize = 32;
+pub(crate) const MAX_PAYLOAD_DEPTH: usize = 32;
 
 /// A job payload given as its JSON text: accepted only if Postgres' `jsonb` stores it and gives back a
 /// document the workers (and a provider's JSON reader) can read as it was meant. So: at most
@@ -29,7 +29,7 @@ pub const MAX_PAYLOAD_DEPTH: usize = 32;
 /// float's range (`1e400` is valid JSON that `jsonb` keeps but no JSON reader of the workers can
 /// load), no lone UTF-16 surrogate escape (`"\ud800"`: `jsonb` refuses it) and no NUL in any string
 /// or key. The text is checked in one pass without building the document.
-pub fn json_text(field: &str, text: &str) -> Result<(), String> {
+pub(crate) fn json_text(field: &str, text: &str) -> Result<(), String> {
     if text.len() > MAX_PAYLOAD_BYTES {
         return Err(format!("{field} is {} bytes; at most {MAX_PAYLOAD_BYTES} are accepted", text.len()));
     }

@@ -17,12 +17,12 @@ use crate::auth::scope::{Scope, ScopeSet};
 /// What every key starts with.
 pub const PREFIX: &str = "cfp_";
 /// Longest key name.
-pub const MAX_NAME: usize = 64;
+pub(crate) const MAX_NAME: usize = 64;
 /// Most tenants one key may be bound to.
-pub const MAX_TENANTS: usize = 1000;
+pub(crate) const MAX_TENANTS: usize = 1000;
 
 /// SHA-256 of a presented secret: what the database stores and the cache is keyed by.
-pub type KeyDigest = [u8; 32];
+pub(crate) type KeyDigest = [u8; 32];
 
 /// The digest of `secret`.
 pub fn digest(secret: &str) -> KeyDigest {
@@ -219,7 +219,7 @@ pub async fn find(db: &PgPool, digest: &KeyDigest) -> Result<Option<ApiKey>, sql
 }
 
 /// Whether any key that is not revoked exists (the development key is made only when none does).
-pub async fn any_active(db: &PgPool) -> Result<bool, sqlx::Error> {
+pub(crate) async fn any_active(db: &PgPool) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL)").fetch_one(db).await
 }
 
@@ -246,7 +246,7 @@ pub async fn revoke(db: &PgPool, actor: &Actor, name: &str) -> Result<(), KeyErr
 }
 
 /// Notes that `name` was used now (callers rate-limit this to once a minute).
-pub async fn touch(db: &PgPool, name: &str) -> Result<(), sqlx::Error> {
+pub(crate) async fn touch(db: &PgPool, name: &str) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE api_keys SET last_used_at = now() WHERE name = $1").bind(name).execute(db).await?;
     Ok(())
 }

@@ -23,12 +23,12 @@ use crate::auth::api_key::{self, KeyDigest};
 use crate::auth::scope::{Scope, ScopeSet};
 
 /// How long a pod trusts what it read about a key.
-pub const CACHE_TTL: Duration = Duration::from_secs(5);
+pub(crate) const CACHE_TTL: Duration = Duration::from_secs(5);
 /// How often a pod records that a key was used.
-pub const TOUCH_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const TOUCH_INTERVAL: Duration = Duration::from_secs(60);
 /// Keys each cache holds (the one of real keys, the one of secrets that name none).
 const MAX_ENTRIES: usize = 10_000;
-pub use crate::audit::BOOTSTRAP;
+use crate::audit::BOOTSTRAP;
 
 /// Who a request acts as.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,12 +48,12 @@ impl Caller {
     }
 
     /// Whether the caller may enqueue for, and read the jobs of, `tenant`.
-    pub fn may_act_for(&self, tenant: &str) -> bool {
+    pub(crate) fn may_act_for(&self, tenant: &str) -> bool {
         self.tenants.as_ref().is_none_or(|ts| ts.iter().any(|t| t == tenant))
     }
 
     /// The tenant a job names implicitly: the caller's, when it is bound to exactly one.
-    pub fn only_tenant(&self) -> Option<&str> {
+    pub(crate) fn only_tenant(&self) -> Option<&str> {
         match self.tenants.as_deref() {
             Some([only]) => Some(only),
             _ => None,
@@ -77,7 +77,7 @@ pub enum AuthError {
 
 /// Which secrets may cost a database look-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LookUp {
+pub(crate) enum LookUp {
     /// Any secret of the key format this pod has no fresh answer for.
     Any,
     /// Only a secret this pod has already read as a key (its cached entry may have gone stale, and
@@ -132,7 +132,7 @@ impl Authenticator {
 
     /// Lets every request through as an all-scopes caller named `unauthenticated`. Only for measuring
     /// what authentication costs (`cifpool-tools bench reserve`); no configuration reaches it.
-    pub fn disabled(db: PgPool) -> Authenticator {
+    pub(crate) fn disabled(db: PgPool) -> Authenticator {
         Authenticator { enforce: false, ..Authenticator::new(db, None, TaskTracker::new()) }
     }
 
@@ -142,7 +142,7 @@ impl Authenticator {
     }
 
     /// [`Authenticator::authenticate`], looking up in the database only what `look_up` allows.
-    pub async fn authenticate_with(&self, secret: Option<&str>, look_up: LookUp) -> Result<Caller, AuthError> {
+    pub(crate) async fn authenticate_with(&self, secret: Option<&str>, look_up: LookUp) -> Result<Caller, AuthError> {
         if !self.enforce {
             return Ok(Caller {
                 name: "unauthenticated".into(),

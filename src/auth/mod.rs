@@ -25,7 +25,7 @@ use crate::audit::Actor;
 use crate::config::Settings;
 
 /// Where the development key is written: beside the embedded cluster's data directory.
-pub fn dev_api_key_path(settings: &Settings) -> PathBuf {
+pub(crate) fn dev_api_key_path(settings: &Settings) -> PathBuf {
     crate::keys::resolve::dev_key_path(settings).with_file_name("dev-api-key")
 }
 

@@ -19,7 +19,7 @@ use crate::cif::store::{self, Request, Reservation};
 
 /// Most reservations one statement claims for (the statement's cost grows with it; 64 covers the
 /// request concurrency one pod sees).
-pub const MOST_PER_STATEMENT: usize = 64;
+pub(crate) const MOST_PER_STATEMENT: usize = 64;
 
 /// Shared statements of one pool in flight at once on this instance: while one runs, the next batch
 /// gathers and another flusher can already send it. Four rather than two kept the p99 of a fixed
@@ -43,7 +43,7 @@ struct Waiting {
 }
 
 /// The queue of a pool's waiting reservations and its flushers (which end when the pool is dropped).
-pub struct Coalescer {
+pub(crate) struct Coalescer {
     queue: mpsc::UnboundedSender<Waiting>,
     /// Claim statements of this pool running now (shared or alone).
     busy: Arc<AtomicUsize>,
@@ -71,7 +71,7 @@ impl Coalescer {
     }
 
     /// Ends a claim taken alone after [`Coalescer::idle`].
-    pub fn done_alone(&self) {
+    pub(crate) fn done_alone(&self) {
         self.busy.fetch_sub(1, Ordering::AcqRel);
     }
 

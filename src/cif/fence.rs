@@ -34,7 +34,7 @@ const FENCE_LOCK: i64 = 0x6369_6670_6665_6e63;
 
 /// What a fence does to each pool and when it acts; from the configuration.
 #[derive(Debug, Clone)]
-pub struct FencePolicy {
+pub(crate) struct FencePolicy {
     /// Fence at once, or wait for an operator.
     pub on_change: OnIncarnationChange,
     /// Configured pools and how far each one's counter jumps (pools in the database but not in the
@@ -44,7 +44,7 @@ pub struct FencePolicy {
 
 impl FencePolicy {
     /// The policy of `settings`.
-    pub fn from_settings(settings: &Settings) -> FencePolicy {
+    pub(crate) fn from_settings(settings: &Settings) -> FencePolicy {
         FencePolicy {
             on_change: settings.database.on_incarnation_change,
             margins: settings.pools.iter().map(|p| (p.name.clone(), p.fence_margin() as i64)).collect(),
@@ -107,7 +107,7 @@ impl IncarnationGuard {
     }
 
     /// Starts checking with `policy` and runs the first check on `db`.
-    pub async fn arm(&self, db: &PgPool, policy: FencePolicy) -> Result<Checked, sqlx::Error> {
+    pub(crate) async fn arm(&self, db: &PgPool, policy: FencePolicy) -> Result<Checked, sqlx::Error> {
         let _ = self.policy.set(policy);
         let mut conn = db.acquire().await?;
         self.check(&mut conn).await
@@ -201,7 +201,7 @@ async fn locked(conn: &mut PgConnection) -> Result<sqlx::Transaction<'_, sqlx::P
 
 /// Fences every pool now, whatever the identity says (an operator's `cifpool pools fence`, e.g.
 /// after a storage snapshot rollback the check cannot see), and records the live identity.
-pub async fn fence_now(db: &PgPool, policy: &FencePolicy, actor: &Actor) -> Result<FenceReport, sqlx::Error> {
+pub(crate) async fn fence_now(db: &PgPool, policy: &FencePolicy, actor: &Actor) -> Result<FenceReport, sqlx::Error> {
     let mut conn = db.acquire().await?;
     let mut tx = locked(&mut conn).await?;
     let live: Value = sqlx::query_scalar("SELECT cif_database_identity()").fetch_one(&mut *tx).await?;
@@ -319,7 +319,7 @@ async fn fence_in(
 /// run every `database.incarnation_check_interval`: a restore into the same database under running
 /// instances keeps their connections, and this is what notices it. A failed check is retried at the
 /// next one.
-pub async fn check_incarnation(db: PgPool, guard: Arc<IncarnationGuard>) {
+pub(crate) async fn check_incarnation(db: PgPool, guard: Arc<IncarnationGuard>) {
     let checked = async {
         let mut conn = db.acquire().await?;
         guard.check(&mut conn).await

@@ -252,7 +252,7 @@ impl Pools {
     }
 
     /// The pool whose code space contains `code` (by length and prefix; spaces never overlap).
-    pub fn for_code(&self, code: &str) -> Option<&Arc<Pool>> {
+    pub(crate) fn for_code(&self, code: &str) -> Option<&Arc<Pool>> {
         self.list.iter().find(|p| {
             let format = p.codec.format();
             code.len() == format.total_len() && code.starts_with(format.prefix())

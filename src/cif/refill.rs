@@ -173,7 +173,7 @@ async fn record_run(conn: &mut PgConnection, pool_id: i16, added: u64) -> Result
 }
 
 /// Available codes of `pool`, counting no further than `limit` (cheap on a deep pool).
-pub async fn available_up_to(conn: &mut PgConnection, pool_id: i16, limit: u64) -> Result<u64, sqlx::Error> {
+pub(crate) async fn available_up_to(conn: &mut PgConnection, pool_id: i16, limit: u64) -> Result<u64, sqlx::Error> {
     let n: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT 1 FROM cif_codes WHERE pool_id = $1 AND state = 'available' LIMIT $2) AS a",
     )

@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use crate::code::PoolCodec;
 
 /// Encodes counters of one pool into `COPY cif_codes (pool_id, counter, code)` text.
-pub struct BatchText {
+pub(crate) struct BatchText {
     pool_id: i16,
     codec: Arc<PoolCodec>,
     ahead: Option<(Range<i64>, JoinHandle<String>)>,
@@ -29,7 +29,7 @@ impl BatchText {
 
     /// Starts encoding `counters` in the background, for a later [`BatchText::text`] of the same range
     /// (replacing any encoding started before).
-    pub fn encode_ahead(&mut self, counters: Range<i64>) {
+    pub(crate) fn encode_ahead(&mut self, counters: Range<i64>) {
         let (pool_id, codec) = (self.pool_id, self.codec.clone());
         let range = counters.clone();
         self.ahead = Some((counters, tokio::task::spawn_blocking(move || encode(pool_id, &codec, range))));

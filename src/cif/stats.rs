@@ -32,7 +32,7 @@ pub struct PoolStats {
 
 /// Reads every served pool's depth. `used` follows from the invariant that every generated counter
 /// sits in exactly one of cif_codes / cif_issued, so the ever-growing cif_issued is never counted.
-pub async fn pool_stats(db: &PgPool, pools: &Pools) -> Result<Vec<PoolStats>, sqlx::Error> {
+pub(crate) async fn pool_stats(db: &PgPool, pools: &Pools) -> Result<Vec<PoolStats>, sqlx::Error> {
     let rows: Vec<(i16, i64, i64, i64)> = sqlx::query_as(
         "SELECT p.id, p.next_counter, \
                 coalesce(c.available, 0), coalesce(c.reserved, 0) \
@@ -73,7 +73,7 @@ pub async fn refresh(db: &PgPool, pools: &Pools) -> Result<Vec<PoolStats>, sqlx:
 }
 
 /// Sets the gauges and logs a warning when a pool crosses its watermark (either way).
-pub fn publish(stats: &[PoolStats], pools: &Pools) {
+pub(crate) fn publish(stats: &[PoolStats], pools: &Pools) {
     for s in stats {
         let pool = s.customer_type.clone();
         metrics::gauge!("cifpool_pool_available", "pool" => pool.clone()).set(s.available as f64);
@@ -89,7 +89,7 @@ pub fn publish(stats: &[PoolStats], pools: &Pools) {
 }
 
 /// Records whether `pool` is under its watermark, warning on the crossing.
-pub fn note_depth(pool: &crate::cif::Pool, available: u64) {
+pub(crate) fn note_depth(pool: &crate::cif::Pool, available: u64) {
     let low = available < pool.settings.low_watermark;
     if pool.low.swap(low, Ordering::Relaxed) != low {
         if low {

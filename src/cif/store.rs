@@ -15,13 +15,14 @@ use crate::claim::{ClaimSpec, ClaimTable};
 
 mod hold;
 
-pub use hold::{By, CodeStatus, Confirmed, confirm, extend, release, status};
+pub(crate) use hold::{By, CodeStatus, Confirmed};
+pub use hold::{confirm, extend, release, status};
 
 /// Idempotency records older than this are forgotten: a replay ignores them, and reclaim deletes them.
 pub(crate) const IDEMPOTENCY_RETENTION_HOURS: i64 = 24;
 
 /// `cif_codes` as a claimable table.
-pub const CODES: ClaimTable = ClaimTable {
+pub(crate) const CODES: ClaimTable = ClaimTable {
     table: "cif_codes",
     key: &["pool_id", "counter"],
     state: "state",
@@ -30,9 +31,9 @@ pub const CODES: ClaimTable = ClaimTable {
 };
 
 /// SQL literal of the free state.
-pub const AVAILABLE: &str = "'available'";
+pub(crate) const AVAILABLE: &str = "'available'";
 /// SQL literal of the held state.
-pub const RESERVED: &str = "'reserved'";
+pub(crate) const RESERVED: &str = "'reserved'";
 
 /// Claim one code of pool `$3` for holder `$4`, with its audit row (actor `$5`, request id `$6`, pool
 /// name `$7`) in the same statement.

@@ -20,10 +20,10 @@ const DEPTH_CHECK_INTERVAL_MS: i64 = 1000;
 /// of its own.
 const EMPTY_REFILL_INTERVAL_MS: i64 = 200;
 /// How often the pool gauges are refreshed.
-pub const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Runs one refill of `pool` and logs what it added.
-pub async fn run_refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result<RefillSummary, sqlx::Error> {
+pub(crate) async fn run_refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result<RefillSummary, sqlx::Error> {
     let summary = refill::refill(db, pool, opts).await?;
     if summary.codes_added > 0 {
         tracing::info!(
@@ -40,7 +40,7 @@ pub async fn run_refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result
 /// Runs a refill someone asked for (an admin request, a console button) on its own task in `runs`
 /// and waits for it: a request timeout or a client that goes away leaves the run to finish (and
 /// release the pool's lock) instead of cutting it short. The outer error is the task's panic.
-pub async fn refill_requested(
+pub(crate) async fn refill_requested(
     db: &PgPool,
     runs: &TaskTracker,
     pool: Arc<Pool>,
@@ -91,7 +91,7 @@ pub fn on_empty(db: &PgPool, pool: &Arc<Pool>, runs: &TaskTracker) {
 }
 
 /// After a successful claim: at most once a second per pool, check the depth and refill if low.
-pub fn after_claim(db: &PgPool, pool: &Arc<Pool>, runs: &TaskTracker) {
+pub(crate) fn after_claim(db: &PgPool, pool: &Arc<Pool>, runs: &TaskTracker) {
     if !take_turn(&pool.last_depth_check_ms, DEPTH_CHECK_INTERVAL_MS) {
         return;
     }
@@ -142,7 +142,7 @@ pub async fn schedule(
 }
 
 /// Refreshes the pool gauges from the database; run every [`GAUGE_INTERVAL`].
-pub async fn refresh_gauges(db: PgPool, pools: Arc<Pools>) {
+pub(crate) async fn refresh_gauges(db: PgPool, pools: Arc<Pools>) {
     if let Err(e) = stats::refresh(&db, &pools).await {
         tracing::debug!(error = %e, "pool gauges: database unavailable");
     }

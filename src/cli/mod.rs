@@ -20,10 +20,10 @@ use crate::config::{LogFormat, Settings};
 use crate::db::Database;
 use crate::startup::Application;
 
-pub use codes::{CodeArgs, CodesCommand};
-pub use database::{AuditArgs, DlqArgs, DlqCommand, KeysCommand, QueueCommand};
+use codes::CodesCommand;
+use database::{AuditArgs, DlqCommand, KeysCommand, QueueCommand};
 use database::{run_audit, run_dlq, run_keys, run_queue, with_database};
-pub use pools::PoolsCommand;
+use pools::PoolsCommand;
 
 /// cifpool: unpredictable, never-duplicated customer numbers and an isolated notification queue.
 #[derive(Debug, Parser)]

@@ -120,7 +120,7 @@ impl CheckScheme {
     }
 
     /// Appends the check digits for `digits` to `out`, avoiding an allocation when formatting.
-    pub fn push_check(self, digits: &[u8], out: &mut String) {
+    pub(crate) fn push_check(self, digits: &[u8], out: &mut String) {
         match self {
             CheckScheme::Damm => out.push(char::from(b'0' + damm(digits))),
             CheckScheme::Luhn => {

@@ -52,7 +52,7 @@ use aes::cipher::{BlockEncrypt, KeyInit, generic_array::GenericArray};
 use crate::keys::PoolKey;
 
 /// Number of Feistel rounds; part of the code mapping, so changing it re-maps every code.
-pub const ROUNDS: u8 = 10;
+pub(crate) const ROUNDS: u8 = 10;
 
 /// Smallest supported digit count; 10^6 is the NIST SP 800-38G Rev.1 minimum FPE domain.
 pub const MIN_DIGITS: u32 = 6;

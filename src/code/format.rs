@@ -12,7 +12,7 @@ use crate::code::feistel::{DomainError, FeistelPermutation, MAX_DIGITS, MIN_DIGI
 use crate::keys::PoolKey;
 
 /// Longest allowed prefix, so that prefix + 18 digits + 2 check digits stays at most 26 characters.
-pub const MAX_PREFIX_LEN: usize = 6;
+pub(crate) const MAX_PREFIX_LEN: usize = 6;
 
 /// Errors in a [`CodeFormat`] definition.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

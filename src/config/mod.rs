@@ -19,10 +19,10 @@ pub use pools::PoolSettings;
 pub use queue::{ClassSettings, OverloadMode, ProviderKind, ProviderSettings, QueueSettings};
 
 /// The defaults, compiled in so the binary works from any directory (and in a container).
-pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
+pub(crate) const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
 
 /// Prefix of the environment variables that override configuration keys.
-pub const ENV_PREFIX: &str = "CIFPOOL";
+pub(crate) const ENV_PREFIX: &str = "CIFPOOL";
 
 /// Why a configuration could not be loaded; the message names the offending key.
 #[derive(Debug, thiserror::Error)]
@@ -276,7 +276,7 @@ fn redact_url<S: Serializer>(value: &Option<SecretString>, s: S) -> Result<S::Ok
 }
 
 /// `postgres://user:pw@host/db` → `postgres://user:[redacted]@host/db`; anything unparseable is fully redacted.
-pub fn redacted_url(url: &str) -> String {
+pub(crate) fn redacted_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "[redacted]".into();
     };
@@ -452,7 +452,7 @@ impl Settings {
     }
 
     /// The effective configuration as TOML, secrets redacted (for `cifpool config check`).
-    pub fn to_redacted_toml(&self) -> String {
+    pub(crate) fn to_redacted_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# could not render configuration: {e}\n"))
     }
 }

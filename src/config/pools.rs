@@ -82,7 +82,7 @@ impl PoolSettings {
 
     /// 1,000,000 or a twentieth of a `digits`-digit domain, whichever is less (the fence's SQL applies
     /// the same rule to pools the configuration does not name).
-    pub fn default_fence_margin(digits: u32) -> u64 {
+    pub(crate) fn default_fence_margin(digits: u32) -> u64 {
         (10u64.saturating_pow(digits) / 20).min(1_000_000)
     }
 

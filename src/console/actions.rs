@@ -93,7 +93,7 @@ pub async fn pause(
 }
 
 /// Retries (one more attempt) or discards one dead letter (`POST /admin/dlq/{id}/{retry|discard}`).
-pub async fn dead_letter(
+pub(crate) async fn dead_letter(
     State(state): State<AppState>,
     Path((id, change)): Path<(String, String)>,
     Action(operator, back): Action<DeadLetterFilterForm>,
@@ -150,7 +150,7 @@ impl ReplayForm {
 
 /// Says how many dead letters a replay would take and how long they take to come due, with the
 /// button that does it (nothing changes yet).
-pub async fn replay_preview(
+pub(crate) async fn replay_preview(
     State(state): State<AppState>,
     Action(operator, form): Action<ReplayForm>,
 ) -> Result<Result<Html<String>, Redirect>, ConsoleError> {
@@ -211,7 +211,7 @@ pub async fn create_key(
 }
 
 /// Revokes a key (`DELETE /admin/keys/{name}`); its console sessions end with it.
-pub async fn revoke_key(
+pub(crate) async fn revoke_key(
     State(state): State<AppState>,
     Path(name): Path<String>,
     Action(operator, _): Action<serde::de::IgnoredAny>,

@@ -118,7 +118,7 @@ impl FromRequestParts<AppState> for Operator {
 
 /// Refuses a state-changing request that a page of another origin sent: browsers send `Origin` with
 /// every form post, and it must name the host the request was sent to.
-pub fn same_origin(headers: &HeaderMap) -> Result<(), ConsoleError> {
+pub(crate) fn same_origin(headers: &HeaderMap) -> Result<(), ConsoleError> {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
         return Ok(());
     };
@@ -167,7 +167,7 @@ impl<T: DeserializeOwned + Send> FromRequest<AppState> for Action<T> {
 }
 
 /// Parses an `application/x-www-form-urlencoded` body (or query) into `T`.
-pub fn parse_form<T: DeserializeOwned>(body: &Bytes) -> Result<T, ConsoleError> {
+pub(crate) fn parse_form<T: DeserializeOwned>(body: &Bytes) -> Result<T, ConsoleError> {
     serde_urlencoded::from_bytes(body).map_err(|e| ConsoleError::BadRequest(format!("unusable form: {e}")))
 }
 

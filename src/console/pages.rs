@@ -18,9 +18,9 @@ use crate::queue::view;
 use crate::state::AppState;
 
 /// Dead letters listed per page.
-pub const DEAD_LETTERS_SHOWN: i64 = 100;
+pub(crate) const DEAD_LETTERS_SHOWN: i64 = 100;
 /// Audit events listed per page.
-pub const AUDIT_SHOWN: i64 = 50;
+pub(crate) const AUDIT_SHOWN: i64 = 50;
 
 /// How long ago `at` was, in the unit an operator reads at a glance.
 pub fn ago(at: DateTime<Utc>) -> String {
@@ -122,7 +122,7 @@ pub async fn queue(operator: Operator, State(state): State<AppState>) -> Result<
 /// sends an empty field for "any".
 #[derive(Debug, Default, Deserialize)]
 #[serde(transparent)]
-pub struct DeadLetterFilterForm(pub DlqFilter);
+pub(crate) struct DeadLetterFilterForm(pub DlqFilter);
 
 impl DeadLetterFilterForm {
     /// The filter the domain takes, checked.
@@ -142,7 +142,7 @@ impl DeadLetterFilterForm {
 }
 
 /// Dead letters: filter, retry or discard one, replay many at a pace.
-pub async fn dead_letters(
+pub(crate) async fn dead_letters(
     operator: Operator,
     State(state): State<AppState>,
     Query(form): Query<DeadLetterFilterForm>,

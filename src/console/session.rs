@@ -23,9 +23,9 @@ use crate::auth::api_key::{self, KeyDigest};
 use crate::config::{ConsoleSettings, SecureCookie, Settings};
 
 /// Name of the session cookie.
-pub const COOKIE: &str = "cifpool_console";
+pub(crate) const COOKIE: &str = "cifpool_console";
 /// Path the cookie is sent to: the console's routes and nothing else.
-pub const COOKIE_PATH: &str = "/console";
+pub(crate) const COOKIE_PATH: &str = "/console";
 
 /// Who signed in: an API key by name, or the bootstrap admin token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub enum Credential {
 
 impl Credential {
     /// The actor name audit rows carry for this session's actions (the same as the API's).
-    pub fn actor_name(&self) -> &str {
+    pub(crate) fn actor_name(&self) -> &str {
         match self {
             Credential::Key(name) => name,
             Credential::Bootstrap(_) => BOOTSTRAP,
@@ -60,29 +60,29 @@ pub struct Session {
 }
 
 /// A fresh session token: 32 bytes from the operating system's CSPRNG, in hex.
-pub fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     let mut bytes = [0u8; 32];
     OsRng.try_fill_bytes(&mut bytes).expect("operating system random source failed while opening a console session");
     hex::encode(bytes)
 }
 
 /// The CSRF token of the session whose cookie holds `token`.
-pub fn csrf_for(token: &str) -> String {
+pub(crate) fn csrf_for(token: &str) -> String {
     hex::encode(Sha256::new().chain_update(b"cifpool console csrf\0").chain_update(token.as_bytes()).finalize())
 }
 
 /// Whether `presented` is the CSRF token of `session` (compared in constant time).
-pub fn csrf_matches(session: &Session, presented: &str) -> bool {
+pub(crate) fn csrf_matches(session: &Session, presented: &str) -> bool {
     presented.len() == session.csrf.len() && bool::from(presented.as_bytes().ct_eq(session.csrf.as_bytes()))
 }
 
 /// The digest of the configured bootstrap admin token, if one is set.
-pub fn bootstrap_digest(settings: &Settings) -> Option<KeyDigest> {
+pub(crate) fn bootstrap_digest(settings: &Settings) -> Option<KeyDigest> {
     settings.security.admin_token.as_ref().map(|t| api_key::digest(t.expose_secret()))
 }
 
 /// The session token the request's cookie carries, if any.
-pub fn token_from(headers: &HeaderMap) -> Option<String> {
+pub(crate) fn token_from(headers: &HeaderMap) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -173,7 +173,7 @@ pub async fn resume(
 }
 
 /// Leaves `notice` for the session's next page.
-pub async fn leave_notice(db: &PgPool, session: &Session, notice: &str) -> Result<(), sqlx::Error> {
+pub(crate) async fn leave_notice(db: &PgPool, session: &Session, notice: &str) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE console_sessions SET notice = $2 WHERE digest = $1")
         .bind(session.digest.as_slice())
         .bind(notice)

@@ -7,9 +7,10 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 
+use crate::audit::BOOTSTRAP;
 use crate::audit::{self, Actor, Event};
 use crate::auth::Scope;
-use crate::auth::authenticator::{AuthError, BOOTSTRAP};
+use crate::auth::authenticator::AuthError;
 use crate::console::extract::{Action, ConsoleError, Operator, parse_form, render, same_origin};
 use crate::console::session::{self, Credential};
 use crate::http::limits::ClientAddr;
@@ -106,7 +107,7 @@ pub async fn sign_in(
 }
 
 /// Ends the session and forgets the cookie.
-pub async fn sign_out(
+pub(crate) async fn sign_out(
     State(state): State<AppState>,
     headers: HeaderMap,
     Action(operator, _): Action<serde::de::IgnoredAny>,

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use minijinja::Environment;
 
 /// The stylesheet every page links.
-pub const STYLESHEET: &str = include_str!("templates/console.css");
+pub(crate) const STYLESHEET: &str = include_str!("templates/console.css");
 
 /// Every template by name.
 const TEMPLATES: &[(&str, &str)] = &[

@@ -457,7 +457,7 @@ impl EmbeddedPostgres {
     }
 
     /// The server log file.
-    pub fn log_file(&self) -> &Path {
+    pub(crate) fn log_file(&self) -> &Path {
         &self.log_file
     }
 

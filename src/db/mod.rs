@@ -21,7 +21,7 @@ use crate::cif::fence::IncarnationGuard;
 use crate::config::DatabaseSettings;
 
 /// Migrations compiled into the binary from `migrations/`.
-pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+pub(crate) static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
 /// The newest migration version this binary knows.
 pub fn latest_migration() -> i64 {
@@ -68,7 +68,7 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
 
 /// [`migrate`], retried while the database is unreachable, for up to `limit`: a pod that starts
 /// before its database (or during a failover) waits instead of crash-looping.
-pub async fn migrate_when_reachable(pool: &PgPool, limit: Duration) -> Result<(), sqlx::migrate::MigrateError> {
+pub(crate) async fn migrate_when_reachable(pool: &PgPool, limit: Duration) -> Result<(), sqlx::migrate::MigrateError> {
     let deadline = tokio::time::Instant::now() + limit;
     let mut pause = Duration::from_millis(200);
     loop {
@@ -87,7 +87,7 @@ pub async fn migrate_when_reachable(pool: &PgPool, limit: Duration) -> Result<()
 }
 
 /// True when the error means "the database is not reachable right now" rather than a bad query.
-pub fn is_connectivity_error(e: &sqlx::Error) -> bool {
+pub(crate) fn is_connectivity_error(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => true,
         sqlx::Error::WorkerCrashed => true,

@@ -72,7 +72,7 @@ async fn reclaim(auth: Admin, State(state): State<AppState>) -> Result<Json<impl
 
 /// `POST /admin/pools/reconcile`: its body is a whole customer base, so it takes the batch body
 /// limit and timeout (see `crate::http::app`).
-pub fn reconcile_router() -> Router<AppState> {
+pub(crate) fn reconcile_router() -> Router<AppState> {
     Router::new().route("/admin/pools/reconcile", post(reconcile)).layer(axum::extract::DefaultBodyLimit::disable())
 }
 

@@ -44,7 +44,7 @@ pub mod needs {
 }
 
 /// An authenticated caller holding the scope `S`, and the actor its changes are recorded under.
-pub struct Authorized<S> {
+pub(crate) struct Authorized<S> {
     /// Who is calling.
     pub caller: Caller,
     /// The caller's name with this request's id, for audit rows.
@@ -108,7 +108,7 @@ impl<S> Authorized<S> {
     /// Whether the caller may see what belongs to `tenant`. Something it may not see is answered
     /// exactly as something that does not exist (404), so a probe learns neither that it exists nor
     /// whose it is.
-    pub fn may_see(&self, tenant: &str) -> bool {
+    pub(crate) fn may_see(&self, tenant: &str) -> bool {
         self.caller.may_act_for(tenant)
     }
 }

@@ -42,14 +42,14 @@ pub fn router() -> Router<AppState> {
 
 /// `POST /v1/cif` body.
 #[derive(Debug, Deserialize)]
-pub struct ReserveRequest {
+pub(crate) struct ReserveRequest {
     /// Pool to draw from, e.g. `individual`.
     pub customer_type: String,
 }
 
 /// `confirm` / `release` / `extend` body.
 #[derive(Debug, Deserialize)]
-pub struct TokenRequest {
+pub(crate) struct TokenRequest {
     /// Token from the reservation.
     pub reservation_token: Uuid,
     /// Caller's reference for the customer (confirm only; kept for audit).

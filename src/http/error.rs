@@ -50,7 +50,7 @@ impl IntoResponse for Problem {
 
 /// Everything a handler can fail with.
 #[derive(Debug, thiserror::Error)]
-pub enum ApiError {
+pub(crate) enum ApiError {
     /// 400: the request is malformed.
     #[error("{0}")]
     BadRequest(String),
@@ -164,7 +164,7 @@ fn slug_for(status: StatusCode) -> &'static str {
 
 /// Middleware: turns any 4xx/5xx response that is not already problem+json (or an HTML page of the
 /// console) into one, keeping the status and headers and using the original text as the detail.
-pub async fn problem_for_plain_errors<B>(response: axum::http::Response<B>) -> Response
+pub(crate) async fn problem_for_plain_errors<B>(response: axum::http::Response<B>) -> Response
 where
     B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + 'static,
     B::Error: Into<axum::BoxError>,

@@ -36,7 +36,7 @@ impl std::fmt::Display for ClientAddr {
 /// case the right-most `X-Forwarded-For` entry that is not itself a trusted proxy (entries to its
 /// left were written by the client and prove nothing). `None` when the server runs without peer
 /// addresses (a router driven in-process).
-pub fn client_address(
+pub(crate) fn client_address(
     peer: Option<&ConnectInfo<SocketAddr>>,
     headers: &HeaderMap,
     trusted: &[IpNet],
@@ -77,7 +77,7 @@ impl CallerLimits {
 
     /// `Err(wait)` while `address` has used up its failed attempts: it is refused before its
     /// credential is even looked up.
-    pub fn check_address(&self, address: Option<IpAddr>) -> Result<(), Duration> {
+    pub(crate) fn check_address(&self, address: Option<IpAddr>) -> Result<(), Duration> {
         let Some(ip) = address else { return Ok(()) };
         match self.refused_until.get(&ip) {
             Some(until) if until > Instant::now() => Err(until - Instant::now()),
@@ -87,7 +87,7 @@ impl CallerLimits {
 
     /// Counts a failed authentication from `address`; once over the budget the address is refused
     /// until the budget has room again.
-    pub fn note_failure(&self, address: Option<IpAddr>) {
+    pub(crate) fn note_failure(&self, address: Option<IpAddr>) {
         let (Some(limiter), Some(ip)) = (&self.failures, address) else { return };
         if let Err(not_until) = limiter.check_key(&ip) {
             let wait = not_until.wait_time_from(DefaultClock::default().now());
@@ -101,7 +101,7 @@ impl CallerLimits {
     }
 
     /// `Err(wait)` when the key `name` is over its request rate on this pod.
-    pub fn check_key(&self, name: &Arc<str>) -> Result<(), Duration> {
+    pub(crate) fn check_key(&self, name: &Arc<str>) -> Result<(), Duration> {
         let Some(limiter) = &self.per_key else { return Ok(()) };
         let checked = limiter.check_key(name);
         if limiter.len() > MAX_TRACKED {

@@ -29,13 +29,13 @@ pub fn router() -> Router<AppState> {
 /// The batch cancel route, which gets the batch deadline (`queue.batch_timeout`) rather than the
 /// ordinary one: canceling a batch of hundreds of thousands of jobs takes longer than any single
 /// request should, and the caller wants the count of the whole walk.
-pub fn batch_cancel_router() -> Router<AppState> {
+pub(crate) fn batch_cancel_router() -> Router<AppState> {
     Router::new().route("/v1/notifications/batches/{id}/cancel", post(cancel_batch))
 }
 
 /// The batch route, which carries its own (large) body limit, and at most `max_concurrent_batches`
 /// requests of it at once.
-pub fn batch_router(state: &AppState) -> Router<AppState> {
+pub(crate) fn batch_router(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/v1/notifications/batch", post(enqueue_batch))
         .layer(DefaultBodyLimit::disable())

@@ -17,12 +17,12 @@ use crate::http::limits::{ClientAddr, client_address};
 use crate::state::AppState;
 
 /// Longest client-supplied `x-request-id` kept; longer ones are dropped.
-pub const MAX_REQUEST_ID_LEN: usize = 64;
+pub(crate) const MAX_REQUEST_ID_LEN: usize = 64;
 
 /// Where authentication leaves the caller's key name for the access log (the log line is written
 /// after the handler, which is the only place that knows it).
 #[derive(Clone, Default)]
-pub struct CallerName(Arc<OnceLock<Arc<str>>>);
+pub(crate) struct CallerName(Arc<OnceLock<Arc<str>>>);
 
 impl CallerName {
     /// Records the authenticated caller's key name.
@@ -33,7 +33,7 @@ impl CallerName {
 
 /// Whether a client's request id can be kept: 1 to [`MAX_REQUEST_ID_LEN`] visible ASCII characters
 /// (no spaces or control characters that could forge or split log lines).
-pub fn acceptable_request_id(value: &HeaderValue) -> bool {
+pub(crate) fn acceptable_request_id(value: &HeaderValue) -> bool {
     let bytes = value.as_bytes();
     !bytes.is_empty() && bytes.len() <= MAX_REQUEST_ID_LEN && bytes.iter().all(|b| b.is_ascii_graphic())
 }
@@ -57,7 +57,7 @@ impl RequestIds {
 
 /// `name` acting through the request whose extensions are `extensions` (no request ids outside the
 /// HTTP stack, as in a handler called directly).
-pub fn actor_of_request(extensions: &Extensions, name: impl Into<String>) -> Actor {
+pub(crate) fn actor_of_request(extensions: &Extensions, name: impl Into<String>) -> Actor {
     match extensions.get::<RequestIds>() {
         Some(ids) => ids.actor(name),
         None => Actor::named(name),
@@ -67,7 +67,7 @@ pub fn actor_of_request(extensions: &Extensions, name: impl Into<String>) -> Act
 /// Gives the request the service's own id (replacing any `x-request-id` the caller sent, which is
 /// kept as [`RequestIds::client`] when acceptable and dropped otherwise), and puts both in the answer:
 /// `x-request-id` (the service's) and `x-client-request-id` (the caller's, when kept).
-pub async fn assign_request_id(mut req: Request, next: Next) -> Response {
+pub(crate) async fn assign_request_id(mut req: Request, next: Next) -> Response {
     let client = req.headers_mut().remove("x-request-id").filter(acceptable_request_id);
     let service = uuid::Uuid::new_v4().hyphenated().to_string();
     let service_header = HeaderValue::from_str(&service).ok();
@@ -88,7 +88,7 @@ pub async fn assign_request_id(mut req: Request, next: Next) -> Response {
 
 /// The request's span: route template rather than raw path (so traces group by endpoint), its request
 /// id, and the caller's trace as parent.
-pub fn request_span(req: &Request) -> tracing::Span {
+pub(crate) fn request_span(req: &Request) -> tracing::Span {
     let ids = req.extensions().get::<RequestIds>();
     let request_id = ids.map_or("", |ids| ids.service.as_str());
     let client_request_id = ids.and_then(|ids| ids.client.as_deref()).unwrap_or("");

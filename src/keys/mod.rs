@@ -22,7 +22,7 @@ use subtle::ConstantTimeEq;
 pub mod resolve;
 
 /// Length in bytes of both the master key and every pool key.
-pub const KEY_LEN: usize = 32;
+pub(crate) const KEY_LEN: usize = 32;
 
 /// HKDF salt of pool keys; versioned so a future derivation scheme cannot collide with this one.
 const POOL_KEY_SALT: &[u8] = b"cifpool/v1/pool-key";
@@ -227,7 +227,7 @@ impl MasterKey {
     /// Derives the key that seals notification jobs' recipients and payloads under `key_id` (see
     /// `crate::queue::seal`): each id gives an independent key, so a new id starts a new key while
     /// rows sealed under earlier ids stay readable by whoever holds this master key.
-    pub fn derive_personal_data_key(&self, key_id: &str) -> PersonalDataKey {
+    pub(crate) fn derive_personal_data_key(&self, key_id: &str) -> PersonalDataKey {
         PersonalDataKey(KeyBytes(self.expand(PERSONAL_DATA_KEY_SALT, &[key_id])))
     }
 
@@ -274,14 +274,14 @@ impl PoolKey {
     /// with the pool, it tells whether an instance holds the key the pool was created with (a different
     /// master key or `key_id` gives another value) without revealing the key; the label keeps it apart
     /// from the permutation's own use of the key (AES).
-    pub fn check_value(&self) -> String {
+    pub(crate) fn check_value(&self) -> String {
         check_value_of(&self.0.0, b"cifpool pool key check v1")
     }
 }
 
 /// The 32-byte key that seals notification jobs' personal data under one `personal_data_key_id`.
 #[derive(Clone, PartialEq, Eq)]
-pub struct PersonalDataKey(KeyBytes);
+pub(crate) struct PersonalDataKey(KeyBytes);
 
 impl PersonalDataKey {
     /// Raw key bytes, kept crate-private so only the sealing code can read them.
@@ -292,7 +292,7 @@ impl PersonalDataKey {
     /// A key check value (as [`PoolKey::check_value`], under its own label): recorded with the key id
     /// the first time it is used, it lets an instance started with another master key be refused
     /// before it seals a row the others cannot open.
-    pub fn check_value(&self) -> String {
+    pub(crate) fn check_value(&self) -> String {
         check_value_of(&self.0.0, b"cifpool personal data key check v1")
     }
 }

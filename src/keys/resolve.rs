@@ -9,7 +9,7 @@ use crate::config::Settings;
 /// Finds the master key: `CIFPOOL_MASTER_KEY` (hex), then `security.master_key_file`; with the embedded
 /// database only (a dev set-up), a key generated once into the data directory's parent, which
 /// `may_generate = false` (offline tools) only reads. Never logged.
-pub fn resolve_master_key(settings: &Settings, may_generate: bool) -> anyhow::Result<MasterKey> {
+pub(crate) fn resolve_master_key(settings: &Settings, may_generate: bool) -> anyhow::Result<MasterKey> {
     use anyhow::Context;
     if let Ok(hex) = std::env::var("CIFPOOL_MASTER_KEY") {
         return MasterKey::from_hex(&hex).context("CIFPOOL_MASTER_KEY");
@@ -47,7 +47,7 @@ pub fn resolve_master_key(settings: &Settings, may_generate: bool) -> anyhow::Re
 }
 
 /// Where the dev key lives: beside the embedded cluster's data directory.
-pub fn dev_key_path(settings: &Settings) -> PathBuf {
+pub(crate) fn dev_key_path(settings: &Settings) -> PathBuf {
     let dir = &settings.database.data_dir;
     dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).join("master.key")
 }

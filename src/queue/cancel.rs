@@ -51,7 +51,7 @@ static CANCEL_ONE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Cancels job `id` if it is still waiting, with its audit row.
-pub async fn cancel_job(db: &PgPool, id: i64, actor: &Actor) -> Result<Canceled, sqlx::Error> {
+pub(crate) async fn cancel_job(db: &PgPool, id: i64, actor: &Actor) -> Result<Canceled, sqlx::Error> {
     let done: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(CANCEL_ONE.as_str()))
         .bind(id)
         .bind(&actor.name)
@@ -99,7 +99,7 @@ pub async fn batch(db: &PgPool, id: i64) -> Result<Option<Batch>, sqlx::Error> {
 
 /// Where a batch's jobs stand.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct BatchView {
+pub(crate) struct BatchView {
     /// The batch's id.
     pub id: i64,
     /// When it was enqueued.
@@ -113,7 +113,7 @@ pub struct BatchView {
 }
 
 /// Counts a batch's jobs by status (through the primary key, over the batch's id range).
-pub async fn batch_view(db: &PgPool, batch: &Batch) -> Result<BatchView, sqlx::Error> {
+pub(crate) async fn batch_view(db: &PgPool, batch: &Batch) -> Result<BatchView, sqlx::Error> {
     let rows: Vec<(String, i64)> = sqlx::query_as(
         "SELECT status, count(*) \
          FROM notification_jobs WHERE id BETWEEN $1 AND $2 AND batch_id = $3 GROUP BY 1",
@@ -182,7 +182,7 @@ pub async fn cancel_batch(db: &PgPool, batch: &Batch, actor: &Actor) -> Result<u
 /// when the request that asked for it is cut by its deadline or its client goes away (a walk stopped
 /// half-way leaves the rest of the batch waiting to be sent), and shutdown waits for it. The task logs
 /// its outcome itself, since nobody may be left to hear it.
-pub async fn cancel_batch_detached(
+pub(crate) async fn cancel_batch_detached(
     db: &PgPool,
     runs: &TaskTracker,
     batch: Batch,

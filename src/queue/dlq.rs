@@ -58,13 +58,13 @@ impl DlqFilter {
 }
 
 /// Slowest replay rate accepted: one job every ~17 minutes.
-pub const MIN_RATE_PER_SEC: f64 = 0.001;
+pub(crate) const MIN_RATE_PER_SEC: f64 = 0.001;
 /// Fastest replay rate accepted.
-pub const MAX_RATE_PER_SEC: f64 = 100_000.0;
+pub(crate) const MAX_RATE_PER_SEC: f64 = 100_000.0;
 /// Most extra attempts a replay may grant.
-pub const MAX_EXTRA_ATTEMPTS: i32 = 100;
+pub(crate) const MAX_EXTRA_ATTEMPTS: i32 = 100;
 /// Most jobs one replay may touch.
-pub const MAX_REPLAY: i64 = 1_000_000;
+pub(crate) const MAX_REPLAY: i64 = 1_000_000;
 
 impl Replay {
     /// Bounds that keep the spacing arithmetic and attempt counts in range.
@@ -189,7 +189,7 @@ pub async fn replay(db: &PgPool, req: &Replay, actor: &Actor) -> Result<u64, sql
 
 /// What a retry or a discard of one dead letter did.
 #[derive(Debug, Clone, PartialEq)]
-pub enum DeadLetterAction {
+pub(crate) enum DeadLetterAction {
     /// Done: the job as it is now.
     Done(crate::queue::store::JobView),
     /// The job is not a dead letter (its current status).
@@ -240,7 +240,7 @@ async fn outcome(db: &PgPool, id: i64, done: Option<i64>) -> Result<DeadLetterAc
 
 /// Puts dead letter `id` back in the queue, due now, with `extra_attempts` more attempts (1 to
 /// [`MAX_EXTRA_ATTEMPTS`]), recorded as `actor`'s.
-pub async fn retry_one(
+pub(crate) async fn retry_one(
     db: &PgPool,
     id: i64,
     extra_attempts: i32,
@@ -259,7 +259,7 @@ pub async fn retry_one(
 
 /// Marks dead letter `id` discarded (kept with its history, purged with the finished jobs), recorded as
 /// `actor`'s.
-pub async fn discard_one(db: &PgPool, id: i64, actor: &Actor) -> Result<DeadLetterAction, sqlx::Error> {
+pub(crate) async fn discard_one(db: &PgPool, id: i64, actor: &Actor) -> Result<DeadLetterAction, sqlx::Error> {
     let done: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(DISCARD_ONE.as_str()))
         .bind(id)
         .bind(&actor.name)

@@ -60,7 +60,7 @@ pub struct Enqueued {
 }
 
 /// The job an idempotency key already produced, if any.
-pub async fn existing(db: &PgPool, tenant: &str, key: &str) -> Result<Option<i64>, sqlx::Error> {
+pub(crate) async fn existing(db: &PgPool, tenant: &str, key: &str) -> Result<Option<i64>, sqlx::Error> {
     sqlx::query_scalar("SELECT id FROM notification_jobs WHERE tenant = $1 AND idempotency_key = $2")
         .bind(tenant)
         .bind(key)

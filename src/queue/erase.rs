@@ -20,7 +20,7 @@ const PAGE: i64 = 5_000;
 
 /// What an erasure found and did.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
-pub struct Erasure {
+pub(crate) struct Erasure {
     /// Jobs holding personal data that were read.
     pub scanned: u64,
     /// Of them, the recipient's.
@@ -42,7 +42,7 @@ pub struct Erasure {
 
 /// Erases what the service holds of `recipient` (of `tenant`'s jobs only, if given); with `apply`
 /// off, only counts.
-pub async fn erase_recipient(
+pub(crate) async fn erase_recipient(
     db: &PgPool,
     seal: &Seal,
     recipient: &str,

@@ -20,7 +20,7 @@ use crate::claim::Fenced;
 use crate::queue::store::{self, ClaimedJob};
 
 /// Most jobs in one finishing statement.
-pub const MAX_BATCH: usize = 2000;
+pub(crate) const MAX_BATCH: usize = 2000;
 
 /// One delivered job waiting for its finish.
 struct Delivered {
@@ -32,7 +32,7 @@ struct Delivered {
 }
 
 /// The workers' side of the flusher; the flusher task stops when this is dropped.
-pub struct Finisher {
+pub(crate) struct Finisher {
     tx: mpsc::UnboundedSender<Delivered>,
     db: PgPool,
 }

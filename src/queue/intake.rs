@@ -18,10 +18,10 @@ use crate::queue::runtime::QueueRuntime;
 use crate::queue::stats::QueueStats;
 
 /// Longest recipient.
-pub const MAX_RECIPIENT: usize = 256;
-pub use crate::validate::MAX_LABEL;
+pub(crate) const MAX_RECIPIENT: usize = 256;
+pub(crate) use crate::validate::MAX_LABEL;
 /// Furthest a send may be scheduled ahead.
-pub const MAX_SCHEDULE_AHEAD: Duration = Duration::from_secs(30 * 86_400);
+pub(crate) const MAX_SCHEDULE_AHEAD: Duration = Duration::from_secs(30 * 86_400);
 
 /// A message to enqueue.
 #[derive(Debug, Clone, Deserialize)]
@@ -47,7 +47,7 @@ pub struct NewJob {
 }
 
 /// JSON `null`, the payload of a job that gives none.
-pub fn null_payload() -> Box<RawValue> {
+pub(crate) fn null_payload() -> Box<RawValue> {
     RawValue::from_string("null".to_string()).expect("null is JSON")
 }
 
@@ -63,7 +63,7 @@ pub struct Invalid(pub String);
 
 impl NewJob {
     /// Trims the label-like fields, so `" bank"` and `"bank"` are one tenant.
-    pub fn normalize(&mut self) {
+    pub(crate) fn normalize(&mut self) {
         for field in [&mut self.tenant, &mut self.recipient] {
             let trimmed = field.trim();
             if trimmed.len() != field.len() {
@@ -157,7 +157,7 @@ pub fn admit(rt: &QueueRuntime, stats: &QueueStats, class: &str) -> Admission {
 /// part of the drain) is within the target is still accepted. So the tenants whose backlog causes the
 /// overload are refused (or deferred), and a tenant within its fair share is not. A class claimed in
 /// arrival order by any group, or with nothing draining, is judged as a whole.
-pub fn admit_tenant(rt: &QueueRuntime, stats: &QueueStats, class: &str, tenant: &str, jobs: u64) -> Admission {
+pub(crate) fn admit_tenant(rt: &QueueRuntime, stats: &QueueStats, class: &str, tenant: &str, jobs: u64) -> Admission {
     let whole = admit(rt, stats, class);
     if whole == Admission::Accept {
         return whole;
@@ -263,7 +263,7 @@ pub(crate) fn check_tenant_allowed(tenant: &str, caller: &Caller) -> Result<(), 
 
 /// What [`submit_one`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Submitted {
+pub(crate) struct Submitted {
     /// The job's id.
     pub id: i64,
     /// False when the idempotency key matched an existing job, which is returned instead.
@@ -297,7 +297,7 @@ pub(crate) fn delay_or_shed(
 /// Validates and enqueues one job for `caller` (see [`SubmitError::Forbidden`] for tenants). A
 /// repeated idempotency key returns the existing job, even while intake is shedding its class (a
 /// retried request must get its answer).
-pub async fn submit_one(
+pub(crate) async fn submit_one(
     db: &PgPool,
     rt: &QueueRuntime,
     stats: &QueueStats,

@@ -39,12 +39,12 @@ pub struct Pauses {
 
 impl Pauses {
     /// Whether jobs of `class`, sent through `provider`, may not be claimed now.
-    pub fn blocks(&self, class: &str, provider: &str) -> bool {
+    pub(crate) fn blocks(&self, class: &str, provider: &str) -> bool {
         self.classes.contains(class) || self.providers.contains(provider)
     }
 
     /// Whether `name` of `kind` is paused.
-    pub fn is_paused(&self, kind: PauseKind, name: &str) -> bool {
+    pub(crate) fn is_paused(&self, kind: PauseKind, name: &str) -> bool {
         match kind {
             PauseKind::Class => self.classes.contains(name),
             PauseKind::Provider => self.providers.contains(name),

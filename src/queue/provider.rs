@@ -136,7 +136,7 @@ impl Provider for HttpProvider {
 
 /// Longest `Retry-After` honoured; a longer one is cut to this (an hour-long pause is an incident,
 /// not throttling).
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 /// A `Retry-After` value: delay-seconds or an HTTP date, bounded by [`MAX_RETRY_AFTER`].
 pub fn retry_after(value: &str) -> Option<Duration> {
@@ -152,7 +152,7 @@ pub fn retry_after(value: &str) -> Option<Duration> {
 }
 
 /// Accepts everything and sends nothing (development default).
-pub struct NoopProvider;
+pub(crate) struct NoopProvider;
 
 #[async_trait::async_trait]
 impl Provider for NoopProvider {
@@ -173,7 +173,7 @@ pub struct ProviderHandle {
 }
 
 /// Builds every configured provider.
-pub fn build_providers(settings: &BTreeMap<String, ProviderSettings>) -> BTreeMap<String, Arc<ProviderHandle>> {
+pub(crate) fn build_providers(settings: &BTreeMap<String, ProviderSettings>) -> BTreeMap<String, Arc<ProviderHandle>> {
     settings
         .iter()
         .map(|(name, p)| {

@@ -56,7 +56,7 @@ impl QueueRuntime {
     }
 
     /// Like [`QueueRuntime::new`] with given providers (tests, the lab).
-    pub fn with_providers(
+    pub(crate) fn with_providers(
         settings: QueueSettings,
         providers: BTreeMap<String, Arc<ProviderHandle>>,
         seal: crate::queue::seal::Seal,
@@ -90,7 +90,7 @@ impl QueueRuntime {
 
     /// Workers of this instance that may send through `provider` (0 with the workers off): the most of
     /// its budget this pod could use.
-    pub fn potential(&self, provider: &str) -> u32 {
+    pub(crate) fn potential(&self, provider: &str) -> u32 {
         if !self.settings.workers_enabled {
             return 0;
         }
@@ -113,7 +113,7 @@ impl QueueRuntime {
 
     /// [`pause::set`] for a class or provider this deployment configures, applied on this pod at once
     /// (the others follow at their next budget sync). `None` when no such class or provider is configured.
-    pub async fn set_pause(
+    pub(crate) async fn set_pause(
         &self,
         db: &PgPool,
         kind: PauseKind,
@@ -135,7 +135,7 @@ impl QueueRuntime {
     }
 
     /// Records a pause or resume made through this pod at once (the others read it within a sync).
-    pub fn note_pause(&self, kind: PauseKind, name: &str, paused: bool) {
+    pub(crate) fn note_pause(&self, kind: PauseKind, name: &str, paused: bool) {
         self.pauses.write().expect("pauses lock").set(kind, name, paused);
         self.publish_pauses();
     }
@@ -162,7 +162,7 @@ impl QueueRuntime {
 
     /// A claim stopped at a job of `provider` for want of room: its next sync asks for every worker
     /// that may send through it, and that sync runs now instead of at the next interval.
-    pub fn ask_for_more(&self, provider: &str) {
+    pub(crate) fn ask_for_more(&self, provider: &str) {
         if let Some(handle) = self.providers.get(provider) {
             handle.budget.note_starved();
             self.share_wanted.notify_one();

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 /// Longest error text kept, in characters.
-pub const MAX_ERROR_CHARS: usize = 500;
+pub(crate) const MAX_ERROR_CHARS: usize = 500;
 
 static URL: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r#"(?i)\b[a-z][a-z0-9+.-]*://[^\s"'<>()]+"#).expect("static pattern"));
@@ -30,7 +30,7 @@ static SECRET_LOOKING: LazyLock<Regex> = LazyLock::new(|| {
 });
 
 /// `text` without URLs and credentials, at most [`MAX_ERROR_CHARS`] characters.
-pub fn scrub_error(text: &str) -> String {
+pub(crate) fn scrub_error(text: &str) -> String {
     let text = URL.replace_all(text, "<url>");
     let text = AUTH_SCHEME.replace_all(&text, "$1 <redacted>");
     let text = KEY_VALUE.replace_all(&text, "${1}<redacted>");
@@ -42,7 +42,7 @@ pub fn scrub_error(text: &str) -> String {
 
 /// [`scrub_error`] of a job's error, with every quote of its `recipient` (also without a leading `+`, as
 /// gateways often write numbers) masked as the finished job's recipient is.
-pub fn scrub_job_error(text: &str, recipient: &str) -> String {
+pub(crate) fn scrub_job_error(text: &str, recipient: &str) -> String {
     let mut text = text.to_string();
     let bare = recipient.trim_start_matches('+');
     for quoted in [recipient, bare] {

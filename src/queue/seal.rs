@@ -131,18 +131,13 @@ impl Seal {
     }
 
     /// The seal of `[security]`: its `personal_data_key_id` and `seal_personal_data`.
-    pub fn from_settings(master: &MasterKey, security: &crate::config::SecuritySettings) -> Seal {
+    pub(crate) fn from_settings(master: &MasterKey, security: &crate::config::SecuritySettings) -> Seal {
         Seal::new(master, &security.personal_data_key_id, security.seal_personal_data)
     }
 
     /// The key id new rows are sealed under.
     pub fn key_id(&self) -> &str {
         &self.key_id
-    }
-
-    /// Whether new rows are sealed.
-    pub fn seals_new_rows(&self) -> bool {
-        self.seal_new
     }
 
     /// The columns intake writes for `recipient` and `payload` (JSON text).

@@ -19,7 +19,7 @@ use crate::queue::store::JOBS;
 
 /// How often each instance looks for due scheduled jobs: the most a scheduled job waits past its time
 /// before it can be claimed.
-pub const STAGE_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const STAGE_INTERVAL: Duration = Duration::from_secs(1);
 /// Jobs moved per transaction.
 const STAGE_BATCH: i64 = 5_000;
 
@@ -82,7 +82,7 @@ async fn promote_batch(db: &PgPool, rt: &QueueRuntime) -> Result<u64, sqlx::Erro
 }
 
 /// Promotes the due jobs, logging a failure (the next round tries again); run every [`STAGE_INTERVAL`].
-pub async fn stage_round(db: PgPool, runtime: Arc<QueueRuntime>) {
+pub(crate) async fn stage_round(db: PgPool, runtime: Arc<QueueRuntime>) {
     match promote_due(&db, &runtime).await {
         Ok(0) => {}
         Ok(n) => tracing::debug!(jobs = n, "scheduled jobs are due"),

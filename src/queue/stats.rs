@@ -13,12 +13,12 @@ use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
 
 /// How often [`refresh_loop`] re-reads the numbers.
-pub const STATS_INTERVAL: Duration = Duration::from_secs(2);
+pub(crate) const STATS_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Window over which the drain rate is measured.
-pub const DRAIN_WINDOW: Duration = Duration::from_secs(30);
+pub(crate) const DRAIN_WINDOW: Duration = Duration::from_secs(30);
 /// Most recent finishes read to estimate the drain rate (bounds the refresh's cost).
-pub const DRAIN_SAMPLE: i64 = 5_000;
+pub(crate) const DRAIN_SAMPLE: i64 = 5_000;
 
 /// One class's numbers.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -38,7 +38,7 @@ pub struct ClassStats {
 
 /// One tenant's waiting jobs in a class.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct TenantLoad {
+pub(crate) struct TenantLoad {
     /// Its jobs waiting to be claimed.
     pub pending: u64,
     /// Seconds since its longest-waiting due job became due.
@@ -47,7 +47,7 @@ pub struct TenantLoad {
 
 /// The tenants with waiting jobs in a class.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ClassTenants {
+pub(crate) struct ClassTenants {
     /// The tenants with the most waiting jobs (up to [`TENANTS_KEPT`]).
     pub tenants: BTreeMap<String, TenantLoad>,
     /// How many tenants have waiting jobs at all.
@@ -55,7 +55,7 @@ pub struct ClassTenants {
 }
 
 /// Tenants per class whose load is kept (those with the most waiting jobs); the others are counted.
-pub const TENANTS_KEPT: usize = 1_000;
+pub(crate) const TENANTS_KEPT: usize = 1_000;
 
 /// The latest snapshot, refreshed by the maintenance loop.
 #[derive(Debug, Default)]
@@ -76,7 +76,7 @@ impl QueueStats {
     }
 
     /// Replaces one class's tenant loads (refresh, tests).
-    pub fn set_tenants(&self, class: &str, tenants: ClassTenants) {
+    pub(crate) fn set_tenants(&self, class: &str, tenants: ClassTenants) {
         self.tenants.write().expect("stats lock").insert(class.to_string(), tenants);
     }
 
@@ -85,7 +85,7 @@ impl QueueStats {
     /// wait is its own backlog over that part, and never less than its own longest wait. `None`
     /// before the first refresh, and when nothing of the class drains (a stalled class is judged as a
     /// whole).
-    pub fn tenant_predicted_wait(
+    pub(crate) fn tenant_predicted_wait(
         &self,
         class: &str,
         tenant: &str,
@@ -111,7 +111,7 @@ impl QueueStats {
     /// Predicted wait of a job enqueued now: pending ahead / drain rate, and never less than the
     /// age of the oldest waiting job (which also covers a stalled queue with no drain at all).
     /// `None` before the first refresh.
-    pub fn predicted_wait(&self, class: &str) -> Option<Duration> {
+    pub(crate) fn predicted_wait(&self, class: &str) -> Option<Duration> {
         let s = self.get(class)?;
         if s.pending == 0 {
             return Some(Duration::ZERO);
@@ -347,7 +347,7 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
 }
 
 /// Refreshes `stats` from the database (an outage only skips the refresh); run every [`STATS_INTERVAL`].
-pub async fn refresh_round(db: PgPool, runtime: Arc<QueueRuntime>, stats: Arc<QueueStats>) {
+pub(crate) async fn refresh_round(db: PgPool, runtime: Arc<QueueRuntime>, stats: Arc<QueueStats>) {
     if let Err(e) = stats.refresh(&db, &runtime).await {
         tracing::debug!(error = %e, "queue stats: database unavailable");
     }

@@ -20,7 +20,7 @@ use serde::Serialize;
 /// Where a job stands; the text form is the `status` column's value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum JobStatus {
+pub(crate) enum JobStatus {
     /// Waiting for its `run_after` before it may be claimed (not in the claim indexes).
     Scheduled,
     /// Waiting for its first attempt (or a retry by an operator).
@@ -44,11 +44,11 @@ pub enum JobStatus {
 
 impl JobStatus {
     /// The states a worker may claim from (what the claim indexes cover).
-    pub const CLAIMABLE: [JobStatus; 2] = [JobStatus::Pending, JobStatus::Retrying];
+    pub(crate) const CLAIMABLE: [JobStatus; 2] = [JobStatus::Pending, JobStatus::Retrying];
     /// The states a job may be canceled in: not sent, not being sent.
-    pub const CANCELABLE: [JobStatus; 3] = [JobStatus::Scheduled, JobStatus::Pending, JobStatus::Retrying];
+    pub(crate) const CANCELABLE: [JobStatus; 3] = [JobStatus::Scheduled, JobStatus::Pending, JobStatus::Retrying];
     /// The states `queue.retention` purges from (dead letters have a retention of their own).
-    pub const FINISHED: [JobStatus; 4] =
+    pub(crate) const FINISHED: [JobStatus; 4] =
         [JobStatus::Sent, JobStatus::Expired, JobStatus::Canceled, JobStatus::Discarded];
 
     /// The column value, e.g. `failed-retrying`.
@@ -72,12 +72,13 @@ impl JobStatus {
     }
 
     /// A comma-separated list of SQL literals, for `status IN (…)`.
-    pub fn sql_list(states: &[JobStatus]) -> String {
+    pub(crate) fn sql_list(states: &[JobStatus]) -> String {
         states.iter().map(|s| s.sql()).collect::<Vec<_>>().join(", ")
     }
 
-    /// Every status, in the order of a job's life.
-    pub const ALL: [JobStatus; 9] = [
+    /// Every status, in the order of a job's life (for the tests that walk them all).
+    #[cfg(test)]
+    pub(crate) const ALL: [JobStatus; 9] = [
         JobStatus::Scheduled,
         JobStatus::Pending,
         JobStatus::Retrying,
@@ -88,11 +89,6 @@ impl JobStatus {
         JobStatus::Canceled,
         JobStatus::Discarded,
     ];
-
-    /// Parses a column value.
-    pub fn parse(text: &str) -> Option<JobStatus> {
-        JobStatus::ALL.into_iter().find(|s| s.as_str() == text)
-    }
 }
 
 impl std::fmt::Display for JobStatus {
@@ -108,7 +104,6 @@ mod tests {
     #[test]
     fn text_sql_and_serde_agree() {
         for s in JobStatus::ALL {
-            assert_eq!(JobStatus::parse(s.as_str()), Some(s));
             assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
             assert_eq!(s.sql(), format!("'{s}'"));
         }

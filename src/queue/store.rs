@@ -17,12 +17,14 @@ mod claiming;
 mod job_view;
 mod sweeps;
 
-pub use claiming::{ClaimClass, Claimed, Unreadable, cap_can_bind, claim, claim_sql, mark_unreadable};
-pub use job_view::{JobView, get_job};
+pub use claiming::{ClaimClass, Claimed, claim, claim_sql};
+pub(crate) use claiming::{cap_can_bind, mark_unreadable};
+pub(crate) use job_view::JobView;
+pub(crate) use job_view::get_job;
 pub use sweeps::{Purge, erase_due, expire_overdue, purge_finished, rescue_expired_leases};
 
 /// `notification_jobs` as a claimable table.
-pub const JOBS: ClaimTable = ClaimTable {
+pub(crate) const JOBS: ClaimTable = ClaimTable {
     table: "notification_jobs",
     key: &["id"],
     state: "status",
@@ -155,13 +157,23 @@ pub async fn mark_sent_many(
 
 /// A transient failure: back to the queue after `delay`, worker freed at once.
 /// The error text is kept scrubbed ([`crate::queue::scrub::scrub_error`]).
-pub async fn mark_retry(db: &PgPool, job: &ClaimedJob, delay: Duration, error: &str) -> Result<Fenced, sqlx::Error> {
+pub(crate) async fn mark_retry(
+    db: &PgPool,
+    job: &ClaimedJob,
+    delay: Duration,
+    error: &str,
+) -> Result<Fenced, sqlx::Error> {
     retry(db, job, delay, error, 1).await
 }
 
 /// The provider asked to wait (`Retry-After`): back to the queue after `wait`, and the attempt the
 /// claim counted is given back (the provider never tried).
-pub async fn mark_throttled(db: &PgPool, job: &ClaimedJob, wait: Duration, error: &str) -> Result<Fenced, sqlx::Error> {
+pub(crate) async fn mark_throttled(
+    db: &PgPool,
+    job: &ClaimedJob,
+    wait: Duration,
+    error: &str,
+) -> Result<Fenced, sqlx::Error> {
     retry(db, job, wait, error, 0).await
 }
 
@@ -181,7 +193,12 @@ async fn retry(db: &PgPool, job: &ClaimedJob, delay: Duration, error: &str, cost
 /// Finishes the job as `dead` or `expired` with `error`, fenced; a `sent` finish goes through
 /// [`mark_sent`], which also records the provider's reference.
 /// The error text is kept scrubbed ([`crate::queue::scrub::scrub_error`]).
-pub async fn mark_final(db: &PgPool, job: &ClaimedJob, state: JobStatus, error: &str) -> Result<Fenced, sqlx::Error> {
+pub(crate) async fn mark_final(
+    db: &PgPool,
+    job: &ClaimedJob,
+    state: JobStatus,
+    error: &str,
+) -> Result<Fenced, sqlx::Error> {
     mark_final_fenced(db, job.id, job.token, state, &crate::queue::scrub::scrub_job_error(error, &job.recipient)).await
 }
 
@@ -205,7 +222,11 @@ async fn mark_final_fenced(
 }
 
 /// Extends the lease of a long send; `None` when the lease was already lost.
-pub async fn heartbeat(db: &PgPool, job: &ClaimedJob, lease: Duration) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+pub(crate) async fn heartbeat(
+    db: &PgPool,
+    job: &ClaimedJob,
+    lease: Duration,
+) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
     sqlx::query_scalar(sqlx::AssertSqlSafe(HEARTBEAT.as_str()))
         .bind(job.token)
         .bind(lease.as_secs_f64())

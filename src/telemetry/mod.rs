@@ -13,7 +13,8 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::{LogFormat, Settings};
 
-pub use self::prometheus::{metrics_handle, register_event_counters};
+pub use self::prometheus::metrics_handle;
+pub(crate) use self::prometheus::register_event_counters;
 
 /// Installs the global tracing subscriber, logs only. `RUST_LOG` wins over `level`. Safe to call twice
 /// (the second call is a no-op), which tests rely on.
@@ -23,7 +24,7 @@ pub fn init_logging(format: LogFormat, level: &str) {
 
 /// Installs logs and, when `telemetry.otlp_endpoint` is set, the OTLP trace exporter; `serve` calls it
 /// inside its runtime (the exporter sends on it). Flush the traces with [`traces::shutdown`] at exit.
-pub fn init_for_serve(settings: &Settings) -> anyhow::Result<()> {
+pub(crate) fn init_for_serve(settings: &Settings) -> anyhow::Result<()> {
     traces::install_propagator();
     let provider = match &settings.telemetry.otlp_endpoint {
         Some(endpoint) => Some(traces::provider(endpoint, &settings.telemetry)?),

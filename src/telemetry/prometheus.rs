@@ -32,7 +32,7 @@ pub fn metrics_handle() -> PrometheusHandle {
 
 /// Creates the event counters at zero, so an alert's `increase()` sees the first event after a
 /// restart (a counter that first appears at 1 has no earlier sample to increase from).
-pub fn register_event_counters(state: &crate::state::AppState) {
+pub(crate) fn register_event_counters(state: &crate::state::AppState) {
     for pool in state.pools.iter() {
         for name in [
             "cifpool_pool_empty_total",

@@ -25,7 +25,7 @@ const EXPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 static PROVIDER: Mutex<Option<SdkTracerProvider>> = Mutex::new(None);
 
 /// Makes W3C `traceparent`/`tracestate` the propagation format.
-pub fn install_propagator() {
+pub(crate) fn install_propagator() {
     global::set_text_map_propagator(TraceContextPropagator::new());
 }
 
@@ -69,20 +69,20 @@ pub fn shutdown() {
 }
 
 /// Makes `span` a child of the trace context in `headers` (a W3C `traceparent`), if there is one.
-pub fn continue_from(span: &tracing::Span, headers: &http::HeaderMap) {
+pub(crate) fn continue_from(span: &tracing::Span, headers: &http::HeaderMap) {
     let parent = global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(headers)));
     let _ = span.set_parent(parent);
 }
 
 /// Writes the current span's trace context into `headers` (`traceparent`), for an outgoing call.
-pub fn inject_current(headers: &mut http::HeaderMap) {
+pub(crate) fn inject_current(headers: &mut http::HeaderMap) {
     let context = tracing::Span::current().context();
     global::get_text_map_propagator(|p| p.inject_context(&context, &mut HeaderInjector(headers)));
 }
 
 /// The current span's W3C `traceparent`, when it belongs to a trace (traces on); kept with a queued job
 /// so that its send continues the enqueuing request's trace.
-pub fn current_traceparent() -> Option<String> {
+pub(crate) fn current_traceparent() -> Option<String> {
     use opentelemetry::trace::TraceContextExt as _;
     let context = tracing::Span::current().context();
     // Without traces (the common case) there is no trace to carry: skip the propagator.
@@ -95,7 +95,7 @@ pub fn current_traceparent() -> Option<String> {
 }
 
 /// Makes `span` a child of a stored W3C `traceparent` (a queued job's).
-pub fn continue_from_traceparent(span: &tracing::Span, traceparent: &str) {
+pub(crate) fn continue_from_traceparent(span: &tracing::Span, traceparent: &str) {
     let carrier = std::collections::HashMap::from([("traceparent".to_string(), traceparent.to_string())]);
     let parent = global::get_text_map_propagator(|p| p.extract(&carrier));
     let _ = span.set_parent(parent);

@@ -10,7 +10,7 @@ use tokio::runtime::Handle;
 
 /// Why the body could not be read to its end.
 #[derive(Debug, thiserror::Error)]
-pub enum BodyFailure {
+pub(crate) enum BodyFailure {
     /// It grew past the batch endpoint's body limit (`queue.batch_body_limit_bytes`) while streaming.
     #[error("the request body is larger than the batch body limit")]
     TooLarge,
@@ -32,7 +32,7 @@ pub enum BodyFailure {
 /// while its body arrives, so a client that trickles its body must not keep them for the whole
 /// request deadline: after [`SLOW_GRACE`], the body must have arrived at `min_rate` bytes per second
 /// on average, or the read fails with [`BodyFailure::TooSlow`] (408).
-pub struct BodyReader {
+pub(crate) struct BodyReader {
     frames: BodyDataStream,
     runtime: Handle,
     current: Bytes,
@@ -42,7 +42,7 @@ pub struct BodyReader {
 }
 
 /// How long a batch body may take before its average rate is held to the minimum.
-pub const SLOW_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const SLOW_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl BodyReader {
     /// Reads `body`, waiting for its frames on `runtime`, at `min_rate` bytes per second at least
@@ -99,14 +99,14 @@ fn classify(e: axum::Error) -> BodyFailure {
 }
 
 /// The [`BodyFailure`] behind a read error of [`BodyReader`], if that is what it is.
-pub fn body_failure(e: &io::Error) -> Option<&BodyFailure> {
+pub(crate) fn body_failure(e: &io::Error) -> Option<&BodyFailure> {
     e.get_ref().and_then(|inner| inner.downcast_ref::<BodyFailure>())
 }
 
 /// Counts the bytes read since the parser marked the start of a job, and fails the read once one job
 /// has taken more than `limit`: the parser holds a job's text whole, so without a bound one job of a
 /// 128 MiB batch could take that much memory before any check sees it.
-pub struct JobBound<R> {
+pub(crate) struct JobBound<R> {
     inner: R,
     since_job: std::rc::Rc<std::cell::Cell<Option<usize>>>,
     limit: usize,

@@ -37,7 +37,7 @@ pub async fn open(tx: &mut PgConnection) -> Result<(), sqlx::Error> {
 /// Copies one chunk of staging rows. A statement per chunk: between chunks the connection waits for
 /// the body without a statement running, so a slow client meets the request deadline, not a
 /// statement timeout.
-pub async fn copy_chunk(tx: &mut PgConnection, chunk: String) -> Result<(), sqlx::Error> {
+pub(crate) async fn copy_chunk(tx: &mut PgConnection, chunk: String) -> Result<(), sqlx::Error> {
     let mut copy = tx.copy_in_raw("COPY batch_stage FROM STDIN").await?;
     copy.send(chunk.into_bytes()).await?;
     copy.finish().await?;

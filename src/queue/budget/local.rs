@@ -129,7 +129,7 @@ impl ProviderBudget {
     }
 
     /// Notes that a claim wanted capacity it did not have: the next sync asks for more.
-    pub fn note_starved(&self) {
+    pub(crate) fn note_starved(&self) {
         self.state.lock().expect("budget lock").starved = true;
     }
 
@@ -184,7 +184,7 @@ impl ProviderBudget {
 
     /// Stops new sends on this pod until `until` (the rest of the deployment learns it from the
     /// database: see [`pause`]).
-    pub fn pause_locally(&self, until: Instant) {
+    pub(crate) fn pause_locally(&self, until: Instant) {
         let mut s = self.state.lock().expect("budget lock");
         s.paused_until = Some(s.paused_until.map_or(until, |p| p.max(until)));
         self.publish(&s);

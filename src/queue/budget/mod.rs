@@ -24,7 +24,7 @@
 //! and be given away, so even a database stall cannot push the total over the budget.
 //!
 //! Apart, by responsibility: `local` (this pod's share, sends in flight, permits), `share` (the
-//! arithmetic of one sync, [`divide`] and [`water_fill`], whose tests play random syncs, sends and
+//! arithmetic of one sync, `divide` and `water_fill`, whose tests play random syncs, sends and
 //! limit changes against the argument above), `sync` (the statements) and `task` (the loop).
 //!
 //! A claim that stops at a job because this pod's share of its provider is full, while the budget
@@ -44,18 +44,18 @@ mod share;
 mod sync;
 mod task;
 
-pub use local::{Permit, ProviderBudget, Room};
-pub use share::{Portion, Share, divide, water_fill};
+pub use local::{ProviderBudget, Room};
+pub(crate) use share::{Share, divide};
 pub use sync::{leave, pause, register};
 pub use task::run;
 
 /// How often a pod reconciles its shares with the database.
-pub const SYNC_INTERVAL: Duration = Duration::from_millis(200);
+pub(crate) const SYNC_INTERVAL: Duration = Duration::from_millis(200);
 /// The least time between two syncs when claims ask for more ([`crate::queue::runtime::QueueRuntime::ask_for_more`]), so
 /// a pod whose claims keep stopping does not turn the budget rows into a hot spot.
-pub const EARLY_SYNC_GAP: Duration = Duration::from_millis(20);
+pub(crate) const EARLY_SYNC_GAP: Duration = Duration::from_millis(20);
 /// The least time the limit takes to grow from the floor back to `max_concurrency`.
-pub const REGROWTH: Duration = Duration::from_secs(10);
+pub(crate) const REGROWTH: Duration = Duration::from_secs(10);
 /// Multiplicative cut on overload.
 const DECREASE: f64 = 0.7;
 /// A share is trusted locally until this long before its lease, on top of the provider timeout.

@@ -3,7 +3,7 @@
 
 /// Another pod's row of the provider's shares, as one sync reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Share {
+pub(crate) struct Share {
     /// Units it recorded as its own (at least its sends in flight).
     pub held: u32,
     /// What it asked for at its last sync.
@@ -12,7 +12,7 @@ pub struct Share {
 
 /// What one sync may give this pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Portion {
+pub(crate) struct Portion {
     /// Its fair part: the water-filled split of the budget over every pod's want.
     pub fair: u32,
     /// The most it could have now: the budget less what the other pods hold.
@@ -34,7 +34,7 @@ impl Portion {
 /// what the others hold. Run under the provider's row lock, so every sync sees the shares the earlier
 /// ones recorded: since no sync lets the shares sum past the budget, and a pod sends only within its
 /// share, the sends in flight across the deployment never exceed the budget.
-pub fn divide(budget: u32, others: &[Share], want: u32) -> Portion {
+pub(crate) fn divide(budget: u32, others: &[Share], want: u32) -> Portion {
     let wants: Vec<u32> = others.iter().map(|o| o.want).chain([want]).collect();
     let fair = *water_fill(budget, &wants).last().expect("this pod's want is in");
     let held: u32 = others.iter().fold(0u32, |sum, o| sum.saturating_add(o.held));
@@ -45,7 +45,7 @@ pub fn divide(budget: u32, others: &[Share], want: u32) -> Portion {
 /// Splits `budget` among `wants` (water-filling): everyone gets what they want if it all fits,
 /// otherwise the smallest wants are met and the rest share equally; the indivisible remainder goes
 /// to the largest wants (among equal wants, to the later ones).
-pub fn water_fill(budget: u32, wants: &[u32]) -> Vec<u32> {
+pub(crate) fn water_fill(budget: u32, wants: &[u32]) -> Vec<u32> {
     let mut out = vec![0u32; wants.len()];
     let mut order: Vec<usize> = (0..wants.len()).collect();
     order.sort_by_key(|&i| (wants[i], i));

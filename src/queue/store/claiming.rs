@@ -121,7 +121,7 @@ const CLAIM_RETURNING: &str = "t.id, t.class, t.tenant, t.recipient, t.payload, 
 
 /// Whether a class's tenant cap can ever bind: not when it is at least its provider's deployment-wide
 /// `max_concurrency`, since no more calls than that are ever in flight to the provider at all.
-pub fn cap_can_bind(tenant_cap: u32, provider_max_concurrency: u32) -> bool {
+pub(crate) fn cap_can_bind(tenant_cap: u32, provider_max_concurrency: u32) -> bool {
     tenant_cap < provider_max_concurrency
 }
 
@@ -241,7 +241,7 @@ pub struct Unreadable {
 
 /// Dead-letters a claimed row that cannot be read, fenced by its claim's token, with the reason as
 /// its last error: retrying it would only fail the same way.
-pub async fn mark_unreadable(db: &PgPool, job: &Unreadable) -> Result<Fenced, sqlx::Error> {
+pub(crate) async fn mark_unreadable(db: &PgPool, job: &Unreadable) -> Result<Fenced, sqlx::Error> {
     let error = format!("the stored job cannot be read: {}", job.error);
     mark_final_fenced(db, job.id, job.token, JobStatus::Dead, &error).await
 }

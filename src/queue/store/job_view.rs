@@ -36,7 +36,7 @@ pub struct JobView {
 }
 
 /// Looks a job up by id.
-pub async fn get_job(db: &PgPool, id: i64) -> Result<Option<JobView>, sqlx::Error> {
+pub(crate) async fn get_job(db: &PgPool, id: i64) -> Result<Option<JobView>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, class, tenant, status, attempts, max_attempts, run_after, \
                 CASE WHEN status = 'scheduled' THEN run_after END AS run_at, \
