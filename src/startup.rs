@@ -76,8 +76,8 @@ impl Application {
         let listener = TcpListener::bind(settings.server.listen)
             .await
             .with_context(|| format!("binding {}", settings.server.listen))?;
-        let mut state = AppState::new(database.pool.clone(), settings, pools, master);
-        state.incarnation = database.incarnation.clone();
+        let state =
+            AppState::new(database.pool.clone(), settings, pools, master).guarded_by(database.incarnation.clone());
         state.queue.seal.register(&state.db).await.context("checking the personal-data key")?;
         Ok(Application {
             listener,

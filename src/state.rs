@@ -6,8 +6,10 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::PgPool;
 
 use crate::auth::Authenticator;
-use crate::cif::Pools;
+use crate::cif::fence::IncarnationGuard;
+use crate::cif::{Cif, Pools};
 use crate::config::Settings;
+use crate::queue::Queue;
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::stats::QueueStats;
 use tokio_util::task::TaskTracker;
@@ -23,8 +25,12 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// The CIF pools this instance serves, reconciled with the database at start.
     pub pools: Arc<Pools>,
+    /// CIF issuance over those pools: what the API's handlers call.
+    pub cif: Cif,
     /// Notification classes, providers and their limits.
     pub queue: Arc<QueueRuntime>,
+    /// The notification queue's operations: what the API's handlers call.
+    pub notifications: Queue,
     /// Latest queue depth snapshot, read by the gauges and by intake backpressure.
     pub queue_stats: Arc<QueueStats>,
     /// Checks API keys (and the bootstrap admin token) for every `/v1` and `/admin` request.
@@ -37,7 +43,7 @@ pub struct AppState {
     /// The background tasks running now: readiness fails while one the service needs is down.
     pub liveness: Arc<crate::supervise::Liveness>,
     /// Whether the database is the one codes were issued from (reservations refused while halted).
-    pub incarnation: Arc<crate::cif::fence::IncarnationGuard>,
+    pub incarnation: Arc<IncarnationGuard>,
 }
 
 impl AppState {
@@ -54,18 +60,31 @@ impl AppState {
         let upkeep = TaskTracker::new();
         let auth = Arc::new(Authenticator::new(db.clone(), settings.security.admin_token.clone(), upkeep.clone()));
         let limits = Arc::new(crate::http::limits::CallerLimits::new(&settings.security));
+        let pools = Arc::new(pools);
+        let incarnation = IncarnationGuard::new();
+        let queue_stats = Arc::new(QueueStats::default());
         AppState {
+            notifications: Queue::new(db.clone(), queue.clone(), queue_stats.clone(), upkeep.clone()),
+            cif: Cif::new(db.clone(), pools.clone(), upkeep.clone(), incarnation.clone()),
             db,
             auth,
             limits,
             settings: Arc::new(settings),
             metrics: crate::telemetry::metrics_handle(),
-            pools: Arc::new(pools),
+            pools,
             queue,
-            queue_stats: Arc::new(QueueStats::default()),
+            queue_stats,
             upkeep,
             liveness: Arc::default(),
-            incarnation: crate::cif::fence::IncarnationGuard::new(),
+            incarnation,
         }
+    }
+
+    /// The same state, with reservations refused while `incarnation` (the database's, checked at
+    /// start and by the watcher) is halted.
+    pub fn guarded_by(mut self, incarnation: Arc<IncarnationGuard>) -> AppState {
+        self.cif = Cif::new(self.db.clone(), self.pools.clone(), self.upkeep.clone(), incarnation.clone());
+        self.incarnation = incarnation;
+        self
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! - [`pools`]: the runtime pool registry, reconciled with the database at start (format pinning,
 //!   code-space overlap checks).
-//! - [`issue`]: the operations the API calls — reserve and confirm with their metrics and the refill
-//!   trigger.
+//! - [`service`]: [`Cif`], the operations callers use (reserve, confirm, release, extend, look up)
+//!   with their metrics and the refill trigger.
 //! - [`store`]: reserve / confirm / release / extend / look up, on the shared [`crate::claim`] contract.
 //! - [`refill`]: bounded-batch generation keeping pools above their low watermark.
 //! - [`refill_text`]: a refill batch's `COPY` text, encoded one batch ahead.
@@ -15,14 +15,15 @@
 
 pub mod coalesce;
 pub mod fence;
-pub mod issue;
 pub mod pools;
 pub mod reclaim;
 pub mod reconcile;
 pub mod refill;
 pub mod refill_text;
+pub mod service;
 pub mod stats;
 pub mod store;
 pub mod upkeep;
 
 pub use pools::{Pool, Pools};
+pub use service::{Cif, CifError};

@@ -103,12 +103,3 @@ impl<S: Needs> FromRequestParts<AppState> for Authorized<S> {
         Ok(Authorized { caller, actor, _needs: PhantomData })
     }
 }
-
-impl<S> Authorized<S> {
-    /// Whether the caller may see what belongs to `tenant`. Something it may not see is answered
-    /// exactly as something that does not exist (404), so a probe learns neither that it exists nor
-    /// whose it is.
-    pub(crate) fn may_see(&self, tenant: &str) -> bool {
-        self.caller.may_act_for(tenant)
-    }
-}

@@ -1,8 +1,6 @@
 //! `/v1/cif` (reserve, confirm, release, extend, look up) and `/v1/pools`; `/cif…` are the same
 //! handlers under the unversioned path onboarding clients were first given.
 
-use std::sync::Arc;
-
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -12,8 +10,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::cif::store::{self, By, Confirmed, Reserved};
-use crate::cif::{Pool, issue, stats};
+use crate::cif::stats::PoolStats;
+use crate::cif::store::{By, CodeStatus, Confirmed, Reserved};
 use crate::claim::Fenced;
 use crate::http::auth::{Authorized, needs};
 use crate::http::error::ApiError;
@@ -66,30 +64,6 @@ fn optional_header<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h 
     Ok(Some(text))
 }
 
-fn pool_for_type<'a>(state: &'a AppState, customer_type: &str) -> Result<&'a Arc<Pool>, ApiError> {
-    state.pools.get(customer_type).ok_or_else(|| {
-        ApiError::NotFound(format!(
-            "unknown customer_type {customer_type:?}; known types: {}",
-            state.pools.names().join(", ")
-        ))
-    })
-}
-
-/// Finds the pool of `cif` and decodes it to its counter; malformed codes are 400.
-fn decode<'a>(state: &'a AppState, cif: &str) -> Result<(&'a Arc<Pool>, i64), ApiError> {
-    if let Some(position) = cif.chars().position(|c| !c.is_ascii_digit()) {
-        return Err(ApiError::BadRequest(format!(
-            "code must contain only the digits 0-9, but character {} is not a digit",
-            position + 1
-        )));
-    }
-    let pool = state.pools.for_code(cif).ok_or_else(|| {
-        ApiError::BadRequest(format!("{cif:?} does not have the length and prefix of any pool's codes"))
-    })?;
-    let counter = pool.codec.decode(cif).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    Ok((pool, counter as i64))
-}
-
 async fn reserve(
     auth: Authorized<needs::CifReserve>,
     State(state): State<AppState>,
@@ -98,25 +72,15 @@ async fn reserve(
 ) -> Result<Response, ApiError> {
     let idempotency_key = optional_header(&headers, "idempotency-key")?;
     let holder = optional_header(&headers, "x-holder")?;
-    let pool = pool_for_type(&state, &body.customer_type)?;
-    if state.incarnation.halted() {
-        return Err(ApiError::Unavailable {
-            detail: "issuance is halted: the database is not the one codes were issued from (a restore, a \
-                     recovery or a failover), and database.on_incarnation_change is \"halt\"; an operator \
-                     must run `cifpool pools fence` (or `--accept`)"
-                .into(),
-            retry_after_secs: Some(60),
-        });
-    }
     let (status, reservation) =
-        match issue::reserve(&state.db, pool, holder, idempotency_key, &auth.actor, &state.upkeep).await? {
+        match state.cif.reserve(&body.customer_type, holder, idempotency_key, &auth.actor).await? {
             Reserved::Created(r) => (StatusCode::CREATED, r),
             Reserved::Replayed(r) => (StatusCode::OK, r),
             Reserved::Empty => {
                 return Err(ApiError::Unavailable {
                     detail: format!(
                         "pool {:?} has no available code right now; a refill has been started",
-                        pool.name()
+                        body.customer_type
                     ),
                     retry_after_secs: Some(1),
                 });
@@ -147,6 +111,20 @@ struct StateChange {
     lease_expires_at: Option<DateTime<Utc>>,
 }
 
+impl StateChange {
+    /// `cif`'s new `state`, after an operation that found its pool.
+    fn of(
+        state: &AppState,
+        cif: String,
+        new_state: &'static str,
+        confirmed_at: Option<DateTime<Utc>>,
+        lease_expires_at: Option<DateTime<Utc>>,
+    ) -> StateChange {
+        let customer_type = state.cif.pool_of(&cif).unwrap_or_default().to_string();
+        StateChange { cif, customer_type, state: new_state, confirmed_at, lease_expires_at }
+    }
+}
+
 fn lost(cif: &str) -> ApiError {
     ApiError::Conflict(format!(
         "reservation token does not hold {cif}: it is wrong, or its lease expired and the code was reclaimed"
@@ -160,13 +138,11 @@ async fn confirm(
     headers: HeaderMap,
     Json(body): Json<TokenRequest>,
 ) -> Result<Json<impl Serialize>, ApiError> {
-    let (pool, counter) = decode(&state, &cif)?;
     let by = By { actor: &auth.actor, holder: optional_header(&headers, "x-holder")? };
     if let Some(r) = &body.customer_ref {
         crate::validate::text("customer_ref", r, MAX_LABEL).map_err(ApiError::Unprocessable)?;
     }
-    let token = body.reservation_token;
-    let at = match issue::confirm(&state.db, pool, counter, token, body.customer_ref.as_deref(), by).await? {
+    let at = match state.cif.confirm(&cif, body.reservation_token, body.customer_ref.as_deref(), by).await? {
         Confirmed::Now(at) | Confirmed::Already(at) => at,
         Confirmed::LeaseLost => return Err(lost(&cif)),
         Confirmed::OtherCustomer => {
@@ -176,13 +152,7 @@ async fn confirm(
             )));
         }
     };
-    Ok(Json(StateChange {
-        cif,
-        customer_type: pool.name().to_string(),
-        state: "used",
-        confirmed_at: Some(at),
-        lease_expires_at: None,
-    }))
+    Ok(Json(StateChange::of(&state, cif, "used", Some(at), None)))
 }
 
 async fn release(
@@ -192,16 +162,9 @@ async fn release(
     headers: HeaderMap,
     Json(body): Json<TokenRequest>,
 ) -> Result<Json<impl Serialize>, ApiError> {
-    let (pool, counter) = decode(&state, &cif)?;
     let by = By { actor: &auth.actor, holder: optional_header(&headers, "x-holder")? };
-    match store::release(&state.db, pool, counter, body.reservation_token, by).await? {
-        Fenced::Done => Ok(Json(StateChange {
-            cif,
-            customer_type: pool.name().to_string(),
-            state: "available",
-            confirmed_at: None,
-            lease_expires_at: None,
-        })),
+    match state.cif.release(&cif, body.reservation_token, by).await? {
+        Fenced::Done => Ok(Json(StateChange::of(&state, cif, "available", None, None))),
         Fenced::LeaseLost => Err(lost(&cif)),
     }
 }
@@ -213,16 +176,9 @@ async fn extend(
     headers: HeaderMap,
     Json(body): Json<TokenRequest>,
 ) -> Result<Json<impl Serialize>, ApiError> {
-    let (pool, counter) = decode(&state, &cif)?;
     let by = By { actor: &auth.actor, holder: optional_header(&headers, "x-holder")? };
-    match store::extend(&state.db, pool, counter, body.reservation_token, by).await? {
-        Some(until) => Ok(Json(StateChange {
-            cif,
-            customer_type: pool.name().to_string(),
-            state: "reserved",
-            confirmed_at: None,
-            lease_expires_at: Some(until),
-        })),
+    match state.cif.extend(&cif, body.reservation_token, by).await? {
+        Some(until) => Ok(Json(StateChange::of(&state, cif, "reserved", None, Some(until)))),
         None => Err(lost(&cif)),
     }
 }
@@ -231,18 +187,18 @@ async fn lookup(
     _: Authorized<needs::CifRead>,
     State(state): State<AppState>,
     Path(cif): Path<String>,
-) -> Result<Json<store::CodeStatus>, ApiError> {
-    let (pool, counter) = decode(&state, &cif)?;
-    store::status(&state.db, pool, counter, &cif).await?.map(Json).ok_or_else(|| {
-        ApiError::NotFound(format!("{cif} is a well-formed code of pool {:?} that has not been issued", pool.name()))
+) -> Result<Json<CodeStatus>, ApiError> {
+    state.cif.status(&cif).await?.map(Json).ok_or_else(|| {
+        let pool = state.cif.pool_of(&cif).unwrap_or_default();
+        ApiError::NotFound(format!("{cif} is a well-formed code of pool {pool:?} that has not been issued"))
     })
 }
 
 #[derive(Serialize)]
 struct PoolsResponse {
-    pools: Vec<stats::PoolStats>,
+    pools: Vec<PoolStats>,
 }
 
 async fn pools(_: Authorized<needs::CifRead>, State(state): State<AppState>) -> Result<Json<impl Serialize>, ApiError> {
-    Ok(Json(PoolsResponse { pools: stats::refresh(&state.db, &state.pools).await? }))
+    Ok(Json(PoolsResponse { pools: state.cif.pool_stats().await? }))
 }

@@ -99,6 +99,18 @@ pub(crate) enum ApiError {
     Internal(#[from] anyhow::Error),
 }
 
+impl From<crate::cif::CifError> for ApiError {
+    fn from(e: crate::cif::CifError) -> ApiError {
+        use crate::cif::CifError;
+        match e {
+            CifError::UnknownType { .. } => ApiError::NotFound(e.to_string()),
+            CifError::Malformed(detail) => ApiError::BadRequest(detail),
+            CifError::Halted => ApiError::Unavailable { detail: e.to_string(), retry_after_secs: Some(60) },
+            CifError::Database(e) => ApiError::Database(e),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, slug, detail, retry_after) = match self {

@@ -11,10 +11,9 @@ use serde::Serialize;
 
 use crate::http::auth::{Authorized, needs};
 use crate::http::error::ApiError;
-use crate::queue::batch;
-use crate::queue::cancel::{self, Canceled};
-use crate::queue::intake::{self, NewJob, SubmitError};
-use crate::queue::store::{self, JobView};
+use crate::queue::cancel::{Batch, BatchView, Canceled};
+use crate::queue::intake::{NewJob, SubmitError};
+use crate::queue::store::JobView;
 use crate::state::AppState;
 
 /// Routes with the ordinary body limit.
@@ -89,7 +88,7 @@ async fn enqueue_one(
     State(state): State<AppState>,
     Json(job): Json<NewJob>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
-    let done = intake::submit_one(&state.db, &state.queue, &state.queue_stats, &auth.caller, job).await?;
+    let done = state.notifications.submit_one(&auth.caller, job).await?;
     let status = if done.created { StatusCode::ACCEPTED } else { StatusCode::OK };
     Ok((status, Json(Accepted { id: done.id, status: "accepted", created: done.created })))
 }
@@ -101,7 +100,7 @@ struct BatchAccepted {
     batch_id: i64,
 }
 
-/// Streams the body into [`batch::submit`]; the content type is checked first, as the `Json`
+/// Streams the body into the batch intake; the content type is checked first, as the `Json`
 /// extractor did (415 without `application/json`).
 async fn enqueue_batch(
     auth: Authorized<needs::NotifySend>,
@@ -112,7 +111,7 @@ async fn enqueue_batch(
         let detail = "Expected request with `Content-Type: application/json`";
         return Ok((StatusCode::UNSUPPORTED_MEDIA_TYPE, detail).into_response());
     }
-    let done = batch::submit(&state.db, &state.queue, &state.queue_stats, &auth.caller, request.into_body()).await?;
+    let done = state.notifications.submit_batch(&auth.caller, request.into_body()).await?;
     let body = BatchAccepted { accepted: done.accepted, duplicates: done.duplicates, batch_id: done.batch_id };
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
 }
@@ -132,16 +131,10 @@ async fn get_job(
     Path(id): Path<String>,
 ) -> Result<Json<JobView>, ApiError> {
     let id = parse_id(&id, "job")?;
-    Ok(Json(visible_job(&state, &auth, id).await?))
-}
-
-/// Job `id` if it exists and the caller may act for its tenant; another tenant's job is answered as
-/// one that does not exist, so a key learns neither that it exists nor whose it is.
-async fn visible_job<S>(state: &AppState, auth: &Authorized<S>, id: i64) -> Result<JobView, ApiError> {
-    match store::get_job(&state.db, id).await? {
-        Some(job) if auth.may_see(&job.tenant) => Ok(job),
-        _ => Err(ApiError::NotFound(format!("no notification {id}"))),
-    }
+    // Another tenant's job is answered as one that does not exist, so a key learns neither that it
+    // exists nor whose it is.
+    let job = state.notifications.job(&auth.caller, id).await?;
+    Ok(Json(job.ok_or_else(|| ApiError::NotFound(format!("no notification {id}")))?))
 }
 
 fn parse_id(id: &str, what: &str) -> Result<i64, ApiError> {
@@ -154,9 +147,7 @@ async fn cancel_job(
     Path(id): Path<String>,
 ) -> Result<Json<JobView>, ApiError> {
     let id = parse_id(&id, "job")?;
-    // The tenant check comes before the cancel.
-    visible_job(&state, &auth, id).await?;
-    match cancel::cancel_job(&state.db, id, &auth.actor).await? {
+    match state.notifications.cancel(&auth.caller, id, &auth.actor).await? {
         Canceled::Now(job) | Canceled::Already(job) => Ok(Json(job)),
         Canceled::TooLate(job) => {
             Err(ApiError::Conflict(format!("notification {id} is {}: too late to cancel", job.status)))
@@ -167,21 +158,19 @@ async fn cancel_job(
 
 /// The batch `id`, if the caller may see every tenant it holds (else, as for a batch that does not
 /// exist, 404).
-async fn authorized_batch<S>(auth: &Authorized<S>, state: &AppState, id: &str) -> Result<cancel::Batch, ApiError> {
+async fn authorized_batch<S>(auth: &Authorized<S>, state: &AppState, id: &str) -> Result<Batch, ApiError> {
     let id = parse_id(id, "batch")?;
-    match cancel::batch(&state.db, id).await? {
-        Some(batch) if batch.tenants.iter().all(|t| auth.may_see(t)) => Ok(batch),
-        _ => Err(ApiError::NotFound(format!("no batch {id}"))),
-    }
+    let batch = state.notifications.batch(&auth.caller, id).await?;
+    batch.ok_or_else(|| ApiError::NotFound(format!("no batch {id}")))
 }
 
 async fn get_batch(
     auth: Authorized<needs::NotifyRead>,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<cancel::BatchView>, ApiError> {
+) -> Result<Json<BatchView>, ApiError> {
     let batch = authorized_batch(&auth, &state, &id).await?;
-    Ok(Json(cancel::batch_view(&state.db, &batch).await?))
+    Ok(Json(state.notifications.batch_view(&batch).await?))
 }
 
 #[derive(Serialize)]
@@ -197,8 +186,6 @@ async fn cancel_batch(
 ) -> Result<Json<BatchCanceled>, ApiError> {
     let batch = authorized_batch(&auth, &state, &id).await?;
     let batch_id = batch.id;
-    let canceled = cancel::cancel_batch_detached(&state.db, &state.upkeep, batch, auth.actor)
-        .await
-        .map_err(|e| ApiError::Internal(anyhow::anyhow!("batch cancel task: {e}")))??;
+    let canceled = state.notifications.cancel_batch(batch, auth.actor).await?;
     Ok(Json(BatchCanceled { batch_id, canceled }))
 }

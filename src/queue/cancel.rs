@@ -99,7 +99,7 @@ pub async fn batch(db: &PgPool, id: i64) -> Result<Option<Batch>, sqlx::Error> {
 
 /// Where a batch's jobs stand.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub(crate) struct BatchView {
+pub struct BatchView {
     /// The batch's id.
     pub id: i64,
     /// When it was enqueued.

@@ -263,7 +263,7 @@ pub(crate) fn check_tenant_allowed(tenant: &str, caller: &Caller) -> Result<(), 
 
 /// What [`submit_one`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Submitted {
+pub struct Submitted {
     /// The job's id.
     pub id: i64,
     /// False when the idempotency key matched an existing job, which is returned instead.

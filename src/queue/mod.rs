@@ -1,12 +1,16 @@
 //! Notification queue: isolated worker groups over one jobs table.
 //!
+//! [`Queue`] ([`service`]) is what the API's handlers call: submit one job or a batch, look up,
+//! cancel, for one caller.
+//!
 //! Intake and storage:
 //! - [`intake`]: what clients may enqueue — validation, backpressure, outcome metrics.
 //! - [`batch`]: `POST /v1/notifications/batch`, parsed, checked and copied as the body streams in.
 //! - [`enqueue`]: inserts — weighted-fair keys, one job, bulk batches by `COPY`.
 //! - [`status`]: a job's statuses, spelled once for Rust and SQL.
-//! - [`store`]: the jobs table through the shared [`crate::claim`] contract (claim, fenced finishes,
-//!   heartbeats, rescue, expiry, purge, look-up).
+//! - [`store`]: the jobs table through the shared [`crate::claim`] contract: the hot path (claim,
+//!   fenced finishes, heartbeats), the sweeps (rescue, expiry, erasure, purge) and the job as the API
+//!   shows it.
 //!
 //! Running it:
 //! - [`runtime`]: classes, providers and the worker groups one instance runs.
@@ -49,6 +53,7 @@ pub mod provider;
 pub mod runtime;
 pub mod scrub;
 pub mod seal;
+pub mod service;
 pub mod stage;
 pub mod stats;
 pub mod status;
@@ -56,3 +61,5 @@ pub mod store;
 pub mod sweep;
 pub mod view;
 pub mod worker;
+
+pub use service::Queue;

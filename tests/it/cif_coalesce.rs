@@ -91,14 +91,11 @@ async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_code
     // The first finds no statement running and claims alone; the other 63 join the queue before a
     // flusher runs (this test's runtime has one thread), so they take one statement (two, if a flusher
     // wakes between sends).
-    let reservations =
-        (0..64).map(|i| {
-            let actor = actor(i);
-            let app = &app;
-            async move {
-                cifpool::cif::issue::reserve(&app.state.db, pool, Some("pod"), None, &actor, &app.state.upkeep).await
-            }
-        });
+    let reservations = (0..64).map(|i| {
+        let actor = actor(i);
+        let app = &app;
+        async move { app.state.cif.reserve("business", Some("pod"), None, &actor).await }
+    });
     let results = futures_util::future::join_all(reservations).await;
     let codes: HashSet<String> = results
         .into_iter()
