@@ -15,7 +15,9 @@
 //! - [`code`]: the pure keyed Feistel permutation, check digits and the code format.
 //! - [`keys`]: the master key (where it comes from) and the per-pool keys derived from it.
 //! - [`schedule`]: cron schedules of the maintenance jobs.
-//! - [`supervise`]: background loops restarted after a panic, and which of them are running.
+//! - [`supervise`]: every background task under one supervisor: named, restarted after a failure,
+//!   readiness while one is down, the process stopped when one keeps failing.
+//! - [`sql_catalog`]: every statement assembled from parts, in its final text (`docs/SQL.md`).
 //! - [`validate`]: text and JSON checks shared by the API's inputs.
 //!
 //! **Shell**
@@ -46,6 +48,7 @@ pub mod http;
 pub mod keys;
 pub mod queue;
 pub mod schedule;
+pub mod sql_catalog;
 pub mod startup;
 pub mod state;
 pub mod supervise;

@@ -108,3 +108,5 @@ pub async fn reclaim(
         duration_ms: started.elapsed().as_secs_f64() * 1e3,
     })
 }
+
+crate::sql_catalog::statements_of!(SWEEP);

@@ -13,7 +13,7 @@ use crate::audit::{Actor, Columns, action, audited, insert_from};
 use crate::cif::Pool;
 use crate::claim::{ClaimSpec, ClaimTable};
 
-mod hold;
+pub(crate) mod hold;
 
 pub(crate) use hold::{By, CodeStatus, Confirmed};
 pub use hold::{confirm, extend, release, status};
@@ -299,3 +299,5 @@ fn reservation(pool: &Pool, row: &sqlx::postgres::PgRow) -> Reservation {
         lease_expires_at: row.get("lease_expires_at"),
     }
 }
+
+crate::sql_catalog::statements_of!(RESERVE, RESERVE_MANY, REPLAY);

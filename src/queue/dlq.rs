@@ -269,3 +269,5 @@ pub(crate) async fn discard_one(db: &PgPool, id: i64, actor: &Actor) -> Result<D
         .await?;
     outcome(db, id, done).await
 }
+
+crate::sql_catalog::statements_of!(LIST, COUNT, REPLAY, RETRY_ONE, DISCARD_ONE);

@@ -15,6 +15,21 @@ pub(crate) fn weight(rt: &QueueRuntime, tenant: &str) -> f64 {
     rt.settings.tenant_weights.get(tenant).copied().unwrap_or(1.0)
 }
 
+/// Moves a tenant's clock past `$3` keys from where the due front of priority `$1` stands, for tenant
+/// `$2`; returns the clock's new end.
+static RESERVE_FAIR_KEYS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH vt AS (SELECT coalesce(min(fair_key), 0) AS v FROM notification_jobs \
+                     WHERE priority = $1 AND status IN ({waiting}) AND run_after <= now()) \
+         INSERT INTO notification_tenant_clock AS c (priority, tenant, last_key) \
+         SELECT $1, $2, vt.v + $3 FROM vt \
+         ON CONFLICT (priority, tenant) DO UPDATE \
+            SET last_key = greatest(c.last_key, (SELECT v FROM vt)) + $3 \
+         RETURNING last_key",
+        waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE)
+    )
+});
+
 /// Reserves `count` fair keys for `tenant` at `priority`: the tenant's clock moves on by
 /// `count / weight`, starting no earlier than the smallest key of the jobs that are due at that
 /// priority, the front of the queue (so a tenant returning after a pause does not jump the whole queue
@@ -28,20 +43,8 @@ pub(crate) async fn reserve_fair_keys(
     count: usize,
     weight: f64,
 ) -> Result<(f64, f64), sqlx::Error> {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "WITH vt AS (SELECT coalesce(min(fair_key), 0) AS v FROM notification_jobs \
-                         WHERE priority = $1 AND status IN ({waiting}) AND run_after <= now()) \
-             INSERT INTO notification_tenant_clock AS c (priority, tenant, last_key) \
-             SELECT $1, $2, vt.v + $3 FROM vt \
-             ON CONFLICT (priority, tenant) DO UPDATE \
-                SET last_key = greatest(c.last_key, (SELECT v FROM vt)) + $3 \
-             RETURNING last_key",
-            waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE)
-        )
-    });
     let step = 1.0 / weight;
-    let end: f64 = sqlx::query_scalar(sqlx::AssertSqlSafe(SQL.as_str()))
+    let end: f64 = sqlx::query_scalar(sqlx::AssertSqlSafe(RESERVE_FAIR_KEYS.as_str()))
         .bind(priority)
         .bind(tenant)
         .bind(step * count as f64)
@@ -137,3 +140,5 @@ pub async fn enqueue_one(
         }
     }
 }
+
+crate::sql_catalog::statements_of!(RESERVE_FAIR_KEYS);

@@ -89,3 +89,5 @@ pub(crate) async fn stage_round(db: PgPool, runtime: Arc<QueueRuntime>) {
         Err(e) => tracing::warn!(error = %e, "staging scheduled jobs failed"),
     }
 }
+
+crate::sql_catalog::statements_of!(PICK_DUE);

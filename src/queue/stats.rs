@@ -239,19 +239,11 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
             return Ok(Refreshed::Shared);
         }
     }
-    static WAITING: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "SELECT class, tenant, count(*), \
-                    min(greatest(created_at, run_after)) FILTER (WHERE run_after <= now()) \
-             FROM notification_jobs WHERE status IN ({waiting}) GROUP BY class, tenant",
-            waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE)
-        )
-    });
     type Counted = (String, i64, Option<DateTime<Utc>>);
     /// A tenant's waiting jobs in one class: its name, how many, since when the oldest is due.
     type Load<'a> = (&'a str, i64, Option<DateTime<Utc>>);
     let by_tenant: Vec<(String, String, i64, Option<DateTime<Utc>>)> =
-        sqlx::query_as(sqlx::AssertSqlSafe(WAITING.as_str())).fetch_all(&mut *tx).await?;
+        sqlx::query_as(sqlx::AssertSqlSafe(WAITING_BY_TENANT.as_str())).fetch_all(&mut *tx).await?;
     let mut waiting: Vec<Counted> = Vec::new();
     let mut tenants: BTreeMap<&str, Vec<Load<'_>>> = BTreeMap::new();
     for (class, tenant, n, oldest) in &by_tenant {
@@ -267,14 +259,7 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
         }
         tenants.entry(class).or_default().push((tenant, *n, *oldest));
     }
-    // A literal, not a bind: a generic plan could not prove the partial dead-letter index applies.
-    static DEAD: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "SELECT class, count(*), min(finished_at) FROM notification_jobs WHERE status = {} GROUP BY class",
-            JobStatus::Dead.sql()
-        )
-    });
-    let dead: Vec<Counted> = sqlx::query_as(sqlx::AssertSqlSafe(DEAD.as_str())).fetch_all(&mut *tx).await?;
+    let dead: Vec<Counted> = sqlx::query_as(sqlx::AssertSqlSafe(DEAD_BY_CLASS.as_str())).fetch_all(&mut *tx).await?;
     let (mut pending, mut oldest_due_at, mut drain_per_s, mut dead_count, mut oldest_dead_at) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut tenant_loads, mut active_tenants) = (Vec::new(), Vec::new());
@@ -284,16 +269,6 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
         // rate is DRAIN_SAMPLE / the time those took (a full 30 s window at 27,000 jobs/s is
         // 800,000 index entries to count, every refresh). A discarded dead letter is a person's
         // clean-up, not the queue draining (its death was counted when it died).
-        static DRAINED: LazyLock<String> = LazyLock::new(|| {
-            format!(
-                "SELECT count(*), coalesce(extract(epoch FROM now() - min(finished_at))::float8, 0) FROM ( \
-                    SELECT finished_at FROM notification_jobs \
-                    WHERE class = $1 AND finished_at > now() - $2::float8 * interval '1 second' \
-                      AND status <> {discarded} \
-                    ORDER BY finished_at DESC LIMIT $3) AS recent",
-                discarded = JobStatus::Discarded.sql()
-            )
-        });
         let (finished, span): (i64, f64) = sqlx::query_as(sqlx::AssertSqlSafe(DRAINED.as_str()))
             .bind(class)
             .bind(DRAIN_WINDOW.as_secs_f64())
@@ -346,9 +321,42 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
     Ok(Refreshed::Computed)
 }
 
+/// Jobs waiting per class and tenant, and since when the oldest of each is due.
+static WAITING_BY_TENANT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT class, tenant, count(*), \
+                min(greatest(created_at, run_after)) FILTER (WHERE run_after <= now()) \
+         FROM notification_jobs WHERE status IN ({waiting}) GROUP BY class, tenant",
+        waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE)
+    )
+});
+
+/// Dead letters per class and the oldest one's death (a literal state, not a bind: a generic plan
+/// could not prove the partial dead-letter index applies).
+static DEAD_BY_CLASS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT class, count(*), min(finished_at) FROM notification_jobs WHERE status = {} GROUP BY class",
+        JobStatus::Dead.sql()
+    )
+});
+
+/// A class's most recent finishes (at most `$3` within `$2` seconds): how many and over how long.
+static DRAINED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT count(*), coalesce(extract(epoch FROM now() - min(finished_at))::float8, 0) FROM ( \
+            SELECT finished_at FROM notification_jobs \
+            WHERE class = $1 AND finished_at > now() - $2::float8 * interval '1 second' \
+              AND status <> {discarded} \
+            ORDER BY finished_at DESC LIMIT $3) AS recent",
+        discarded = JobStatus::Discarded.sql()
+    )
+});
+
 /// Refreshes `stats` from the database (an outage only skips the refresh); run every [`STATS_INTERVAL`].
 pub(crate) async fn refresh_round(db: PgPool, runtime: Arc<QueueRuntime>, stats: Arc<QueueStats>) {
     if let Err(e) = stats.refresh(&db, &runtime).await {
         tracing::debug!(error = %e, "queue stats: database unavailable");
     }
 }
+
+crate::sql_catalog::statements_of!(WAITING_BY_TENANT, DEAD_BY_CLASS, DRAINED);

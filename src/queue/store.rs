@@ -15,7 +15,7 @@ use crate::queue::status::JobStatus;
 
 mod claiming;
 mod job_view;
-mod sweeps;
+pub(crate) mod sweeps;
 
 pub use claiming::{ClaimClass, Claimed, claim, claim_sql};
 pub(crate) use claiming::{cap_can_bind, mark_unreadable};
@@ -234,3 +234,5 @@ pub(crate) async fn heartbeat(
         .fetch_optional(db)
         .await
 }
+
+crate::sql_catalog::statements_of!(MARK_RETRY, MARK_FINAL, HEARTBEAT, MARK_SENT_MANY);

@@ -46,4 +46,5 @@ mod queue_ops;
 mod reconcile;
 mod sealing;
 mod shutdown;
+mod sql_catalog;
 mod supervision;

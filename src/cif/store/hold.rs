@@ -224,3 +224,5 @@ pub async fn status(db: &PgPool, pool: &Pool, counter: i64, cif: &str) -> Result
         confirmed_at: r.get("confirmed_at"),
     }))
 }
+
+crate::sql_catalog::statements_of!(CONFIRM, RELEASE, EXTEND);

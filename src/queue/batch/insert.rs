@@ -19,7 +19,7 @@ use crate::queue::status::JobStatus;
 /// The staging table of the request's transaction, dropped with it (commit or rollback). Columns left
 /// NULL (class, tenant, due; `run_at` with `run_at_default`) take the batch's default, read after the
 /// jobs; `grp` and `nth` place the row for its fair key (see [`super::rows`]).
-const CREATE_STAGE: &str = "CREATE TEMP TABLE batch_stage ( \
+pub(crate) const CREATE_STAGE: &str = "CREATE TEMP TABLE batch_stage ( \
         grp int4 NOT NULL, nth int8 NOT NULL, \
         class text, priority int2, max_attempts int4, deadline_s float8, \
         tenant text, run_at timestamptz, run_at_default bool NOT NULL, due bool, \
@@ -231,3 +231,5 @@ async fn last_job_id(tx: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
     .fetch_one(tx)
     .await
 }
+
+crate::sql_catalog::statements_of!(INSERT, INSERT_KEYED);
