@@ -7,6 +7,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures_util::StreamExt as _;
 use serde::Serialize;
 
 use crate::http::auth::{Authorized, needs};
@@ -111,7 +112,8 @@ async fn enqueue_batch(
         let detail = "Expected request with `Content-Type: application/json`";
         return Ok((StatusCode::UNSUPPORTED_MEDIA_TYPE, detail).into_response());
     }
-    let done = state.notifications.submit_batch(&auth.caller, request.into_body()).await?;
+    let body = request.into_body().into_data_stream().map(|frame| frame.map_err(Into::into)).boxed();
+    let done = state.notifications.submit_batch(&auth.caller, body).await?;
     let body = BatchAccepted { accepted: done.accepted, duplicates: done.duplicates, batch_id: done.batch_id };
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
 }

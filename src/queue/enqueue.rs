@@ -56,7 +56,7 @@ pub(crate) async fn reserve_fair_keys(
 /// Result of [`enqueue_one`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Enqueued {
-    /// Job id.
+    /// The job's id (also the provider's idempotency key).
     pub id: i64,
     /// False when the idempotency key matched an existing job.
     pub created: bool,

@@ -5,12 +5,12 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
 use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
 
 use crate::audit::Actor;
 use crate::auth::Caller;
+use crate::queue::batch::ByteStream;
 use crate::queue::cancel::{self, Batch, BatchView, Canceled};
 use crate::queue::intake::{self, BatchSubmitted, NewJob, SubmitError, Submitted};
 use crate::queue::runtime::QueueRuntime;
@@ -39,9 +39,9 @@ impl Queue {
         intake::submit_one(&self.db, &self.runtime, &self.stats, caller, job).await
     }
 
-    /// Reads a batch request's body as it arrives and enqueues its jobs in one transaction (see
+    /// Reads a batch's bytes as they arrive and enqueues its jobs in one transaction (see
     /// [`crate::queue::batch`]).
-    pub async fn submit_batch(&self, caller: &Caller, body: Body) -> Result<BatchSubmitted, SubmitError> {
+    pub async fn submit_batch(&self, caller: &Caller, body: ByteStream) -> Result<BatchSubmitted, SubmitError> {
         crate::queue::batch::submit(&self.db, &self.runtime, &self.stats, caller, body).await
     }
 

@@ -12,7 +12,7 @@ use crate::queue::pause::PauseKind;
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::stats::QueueStats;
 
-/// One class.
+/// One class at a glance: its jobs by state, how long the oldest due one has waited, its drain rate.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ClassView {
     /// The class's name.
@@ -36,7 +36,7 @@ pub struct ClassView {
     pub paused: bool,
 }
 
-/// One provider.
+/// One provider at a glance: its deployment-wide limit and what the pods hold of it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ProviderView {
     /// The provider's name.
@@ -57,7 +57,7 @@ pub struct ProviderView {
     pub retry_after_s: Option<f64>,
 }
 
-/// The whole view.
+/// `GET /admin/queue`: every configured class and provider.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct QueueView {
     /// Configured classes, by name.
@@ -77,7 +77,8 @@ struct BudgetRow {
     shares: i64,
 }
 
-/// Reads the view.
+/// Reads the view: the per-state counts from the partial indexes, the drain rates from `stats`, the
+/// budgets from `provider_budgets` with the live shares summed, the pauses as this pod last read them.
 pub async fn read(db: &PgPool, rt: &QueueRuntime, stats: &QueueStats) -> Result<QueueView, sqlx::Error> {
     let waiting: Vec<(String, i64, i64, i64, f64)> = sqlx::query_as(
         "SELECT class, \

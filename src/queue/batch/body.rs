@@ -1,11 +1,13 @@
-//! The request body as a blocking [`std::io::Read`], for the parser on its blocking thread: each read
-//! that finds the current frame used up waits on the runtime for the next one, so only a frame or two of
-//! the body is ever in memory, however large the body.
+//! A batch's bytes, as they arrive (an HTTP request body's frames, or any other stream of chunks), as
+//! a blocking [`std::io::Read`] for the parser on its blocking thread: each read that finds the current
+//! chunk used up waits on the runtime for the next one, so only a chunk or two of the batch is ever in
+//! memory, however large the batch.
 
 use std::io::{self, Read};
 
-use axum::body::{Body, BodyDataStream, Bytes};
+use bytes::Bytes;
 use futures_util::StreamExt as _;
+use futures_util::stream::BoxStream;
 use tokio::runtime::Handle;
 
 /// Why the body could not be read to its end.
@@ -25,7 +27,13 @@ pub(crate) enum BodyFailure {
     Broken(String),
 }
 
-/// A blocking reader over an HTTP body; must be used from a thread where blocking is allowed
+/// A batch's chunks as they arrive; a chunk that fails ends the batch (see [`BodyFailure`]).
+pub type ByteStream = BoxStream<'static, Result<Bytes, BoxError>>;
+
+/// Any error a byte stream may end with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A blocking reader over a byte stream; must be used from a thread where blocking is allowed
 /// ([`tokio::task::spawn_blocking`]), never from an async task.
 ///
 /// A batch holds one of the instance's few batch slots, a database connection and a transaction
@@ -33,7 +41,7 @@ pub(crate) enum BodyFailure {
 /// request deadline: after [`SLOW_GRACE`], the body must have arrived at `min_rate` bytes per second
 /// on average, or the read fails with [`BodyFailure::TooSlow`] (408).
 pub(crate) struct BodyReader {
-    frames: BodyDataStream,
+    frames: ByteStream,
     runtime: Handle,
     current: Bytes,
     started: tokio::time::Instant,
@@ -45,11 +53,11 @@ pub(crate) struct BodyReader {
 pub(crate) const SLOW_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl BodyReader {
-    /// Reads `body`, waiting for its frames on `runtime`, at `min_rate` bytes per second at least
-    /// (0: any rate).
-    pub fn new(body: Body, runtime: Handle, min_rate: u64) -> BodyReader {
+    /// Reads `frames`, waiting for them on `runtime`, at `min_rate` bytes per second at least (0: any
+    /// rate).
+    pub fn new(frames: ByteStream, runtime: Handle, min_rate: u64) -> BodyReader {
         let started = tokio::time::Instant::now();
-        BodyReader { frames: body.into_data_stream(), runtime, current: Bytes::new(), started, received: 0, min_rate }
+        BodyReader { frames, runtime, current: Bytes::new(), started, received: 0, min_rate }
     }
 
     /// When the next frame must have arrived by, at the minimum rate.
@@ -87,8 +95,8 @@ impl Read for BodyReader {
 }
 
 /// The body limit layer fails the stream with `LengthLimitError`, somewhere down the error's sources.
-fn classify(e: axum::Error) -> BodyFailure {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+fn classify(e: BoxError) -> BodyFailure {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e.as_ref());
     while let Some(err) = source {
         if err.is::<http_body_util::LengthLimitError>() {
             return BodyFailure::TooLarge;

@@ -21,11 +21,11 @@ pub mod rules;
 
 use std::sync::Arc;
 
-use axum::body::Body;
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 
 use crate::auth::Caller;
+pub use crate::queue::batch::body::{BoxError, ByteStream};
 use crate::queue::intake::{BatchSubmitted, SubmitError, delay_or_shed};
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::stats::QueueStats;
@@ -43,7 +43,7 @@ pub async fn submit(
     rt: &Arc<QueueRuntime>,
     stats: &QueueStats,
     caller: &Caller,
-    body: Body,
+    body: ByteStream,
 ) -> Result<BatchSubmitted, SubmitError> {
     // Taken here, on the request's span: the parser's thread has none.
     let traceparent = crate::telemetry::traces::current_traceparent();

@@ -231,7 +231,7 @@ fn decode(id: i64, r: &sqlx::postgres::PgRow, seal: &Seal) -> Result<ClaimedJob,
 /// A claimed row the worker could not read: it goes to the dead letters ([`mark_unreadable`]).
 #[derive(Debug, Clone)]
 pub struct Unreadable {
-    /// The job.
+    /// The job's id.
     pub id: i64,
     /// This claim's fencing token.
     pub token: Uuid,

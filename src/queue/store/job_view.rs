@@ -35,7 +35,8 @@ pub struct JobView {
     pub last_error: Option<String>,
 }
 
-/// Looks a job up by id.
+/// Job `id` as the API shows it, or `None` when no such job exists (or it was purged after its
+/// retention).
 pub(crate) async fn get_job(db: &PgPool, id: i64) -> Result<Option<JobView>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, class, tenant, status, attempts, max_attempts, run_after, \

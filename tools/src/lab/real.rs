@@ -268,7 +268,8 @@ pub async fn run_cell(
             .collect::<Vec<_>>(),
     });
     let lab = Caller { name: "lab".into(), scopes: [Scope::NotifySend].into_iter().collect(), tenants: None };
-    let body = axum::body::Body::from(serde_json::to_vec(&promo)?);
+    let bytes = bytes::Bytes::from(serde_json::to_vec(&promo)?);
+    let body: batch::ByteStream = Box::pin(futures_util::stream::once(async move { Ok(bytes) }));
     batch::submit(db, &rt, &QueueStats::default(), &lab, body)
         .await
         .map_err(|e| anyhow::anyhow!("inserting the promo batch: {e}"))?;
