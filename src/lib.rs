@@ -51,6 +51,7 @@ pub mod schedule;
 pub mod sql_catalog;
 pub mod startup;
 pub mod state;
+mod statements;
 pub mod supervise;
 pub mod telemetry;
 pub mod validate;

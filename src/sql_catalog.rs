@@ -15,17 +15,6 @@ pub struct Statement {
     pub text: String,
 }
 
-/// Lists a module's statement statics as `(module::NAME, text)`, for [`catalog`].
-macro_rules! statements_of {
-    ($($name:ident),+ $(,)?) => {
-        /// This module's assembled statements, for [`crate::sql_catalog::catalog`].
-        pub(crate) fn statements() -> Vec<(&'static str, &'static str)> {
-            vec![$((concat!(module_path!(), "::", stringify!($name)), $name.as_str())),+]
-        }
-    };
-}
-pub(crate) use statements_of;
-
 /// Every assembled statement: the statics of each table's modules, then the claim statement of each
 /// worker group of every strategy, with a tenant cap that can bind and without (one entry per
 /// distinct text).

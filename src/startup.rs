@@ -289,7 +289,7 @@ async fn start_background(state: &AppState, tasks: &mut Supervisor) -> anyhow::R
     tasks.every("stager", STAGE_INTERVAL, move || stage_round(db.clone(), queue.clone()));
     let (db, queue, stats) = (state.db.clone(), state.queue.clone(), state.queue_stats.clone());
     tasks.every("queue statistics", STATS_INTERVAL, move || refresh_round(db.clone(), queue.clone(), stats.clone()));
-    state.queue.spawn_workers(&state.db, state.settings.server.shutdown_grace, tasks);
+    crate::queue::worker::start_all(&state.queue, &state.db, state.settings.server.shutdown_grace, tasks);
     for pool in state.pools.iter() {
         crate::cif::upkeep::after_claim(&state.db, pool, &state.upkeep);
     }

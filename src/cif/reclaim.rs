@@ -109,4 +109,4 @@ pub async fn reclaim(
     })
 }
 
-crate::sql_catalog::statements_of!(SWEEP);
+crate::statements::statements_of!(SWEEP);

@@ -300,4 +300,4 @@ fn reservation(pool: &Pool, row: &sqlx::postgres::PgRow) -> Reservation {
     }
 }
 
-crate::sql_catalog::statements_of!(RESERVE, RESERVE_MANY, REPLAY);
+crate::statements::statements_of!(RESERVE, RESERVE_MANY, REPLAY);

@@ -202,4 +202,4 @@ pub(crate) async fn cancel_batch_detached(
     .await
 }
 
-crate::sql_catalog::statements_of!(CANCEL_ONE, CANCEL_CHUNK_SQL);
+crate::statements::statements_of!(CANCEL_ONE, CANCEL_CHUNK_SQL);

@@ -270,4 +270,4 @@ pub(crate) async fn discard_one(db: &PgPool, id: i64, actor: &Actor) -> Result<D
     outcome(db, id, done).await
 }
 
-crate::sql_catalog::statements_of!(LIST, COUNT, REPLAY, RETRY_ONE, DISCARD_ONE);
+crate::statements::statements_of!(LIST, COUNT, REPLAY, RETRY_ONE, DISCARD_ONE);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::queue::intake::NewJob;
+use crate::queue::job::NewJob;
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
 
@@ -141,4 +141,4 @@ pub async fn enqueue_one(
     }
 }
 
-crate::sql_catalog::statements_of!(RESERVE_FAIR_KEYS);
+crate::statements::statements_of!(RESERVE_FAIR_KEYS);

@@ -4,6 +4,7 @@
 //! cancel, for one caller.
 //!
 //! Intake and storage:
+//! - [`job`]: a job as a client asks for it.
 //! - [`intake`]: what clients may enqueue — validation, backpressure, outcome metrics.
 //! - [`batch`]: `POST /v1/notifications/batch`, parsed, checked and copied as the body streams in.
 //! - [`enqueue`]: inserts — weighted-fair keys, one job, bulk batches by `COPY`.
@@ -45,6 +46,7 @@ pub mod enqueue;
 pub mod erase;
 pub mod finish;
 pub mod intake;
+pub mod job;
 pub mod listen;
 pub mod pause;
 pub mod policy;

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -15,8 +14,6 @@ use crate::queue::budget;
 use crate::queue::pause::{self, PauseKind, Pauses};
 use crate::queue::policy::GroupPolicy;
 use crate::queue::provider::{ProviderHandle, build_providers};
-use crate::queue::worker::WorkerGroup;
-use crate::supervise::Supervisor;
 
 /// A class as workers see it: its configuration and the provider (with its limit) it sends through.
 pub struct ClassRuntime {
@@ -181,7 +178,7 @@ impl QueueRuntime {
     }
 
     /// Registers the providers' budgets and takes a first share of each (tests and tools that drive
-    /// worker groups without [`QueueRuntime::spawn_workers`]).
+    /// worker groups without [`crate::queue::worker::start_all`]).
     pub async fn join_budgets(&self, db: &PgPool) -> Result<(), sqlx::Error> {
         for handle in self.providers.values() {
             budget::register(db, &handle.budget).await?;
@@ -189,25 +186,5 @@ impl QueueRuntime {
         }
         self.sync_budgets(db).await;
         Ok(())
-    }
-
-    /// Starts, under `tasks`, every worker group of [`QueueRuntime::group_policies`], the NOTIFY
-    /// relay that wakes their idle claimers and the provider budget sync (unless
-    /// `queue.workers_enabled` is off); each ends at the supervisor's stop, a group handing back the
-    /// sends that outlive `grace`.
-    pub fn spawn_workers(self: &Arc<Self>, db: &PgPool, grace: Duration, tasks: &mut Supervisor) {
-        if !self.settings.workers_enabled {
-            return;
-        }
-        for policy in self.group_policies() {
-            tracing::info!(group = %policy.name, size = policy.size, classes = ?policy.classes, order = ?policy.order,
-                "starting worker group");
-            WorkerGroup::new(policy, db.clone(), self.clone()).start(tasks, grace);
-        }
-        let (rt, db_) = (self.clone(), db.clone());
-        tasks.keep_running("new-job relay", move |stop| crate::queue::listen::relay(db_.clone(), rt.clone(), stop));
-        let (rt, db_) = (self.clone(), db.clone());
-        let sync_grace = grace + Duration::from_secs(1);
-        tasks.keep_running("provider budget sync", move |stop| budget::run(db_.clone(), rt.clone(), sync_grace, stop));
     }
 }

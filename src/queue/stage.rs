@@ -90,4 +90,4 @@ pub(crate) async fn stage_round(db: PgPool, runtime: Arc<QueueRuntime>) {
     }
 }
 
-crate::sql_catalog::statements_of!(PICK_DUE);
+crate::statements::statements_of!(PICK_DUE);

@@ -359,4 +359,4 @@ pub(crate) async fn refresh_round(db: PgPool, runtime: Arc<QueueRuntime>, stats:
     }
 }
 
-crate::sql_catalog::statements_of!(WAITING_BY_TENANT, DEAD_BY_CLASS, DRAINED);
+crate::statements::statements_of!(WAITING_BY_TENANT, DEAD_BY_CLASS, DRAINED);

@@ -235,4 +235,4 @@ pub(crate) async fn heartbeat(
         .await
 }
 
-crate::sql_catalog::statements_of!(MARK_RETRY, MARK_FINAL, HEARTBEAT, MARK_SENT_MANY);
+crate::statements::statements_of!(MARK_RETRY, MARK_FINAL, HEARTBEAT, MARK_SENT_MANY);

@@ -50,6 +50,27 @@ pub fn backoff(base: Duration, cap: Duration, attempt: i32) -> Duration {
     Duration::from_secs_f64(rand::rng().random_range(0.0..=ceiling))
 }
 
+/// Starts, under `tasks`, every worker group of [`QueueRuntime::group_policies`], the NOTIFY relay
+/// that wakes their idle claimers and the provider budget sync (unless `queue.workers_enabled` is
+/// off); each ends at the supervisor's stop, a group handing back the sends that outlive `grace`.
+pub fn start_all(runtime: &Arc<QueueRuntime>, db: &PgPool, grace: Duration, tasks: &mut Supervisor) {
+    if !runtime.settings.workers_enabled {
+        return;
+    }
+    for policy in runtime.group_policies() {
+        tracing::info!(group = %policy.name, size = policy.size, classes = ?policy.classes, order = ?policy.order,
+            "starting worker group");
+        WorkerGroup::new(policy, db.clone(), runtime.clone()).start(tasks, grace);
+    }
+    let (rt, db_) = (runtime.clone(), db.clone());
+    tasks.keep_running("new-job relay", move |stop| crate::queue::listen::relay(db_.clone(), rt.clone(), stop));
+    let (rt, db_) = (runtime.clone(), db.clone());
+    let sync_grace = grace + Duration::from_secs(1);
+    tasks.keep_running("provider budget sync", move |stop| {
+        crate::queue::budget::run(db_.clone(), rt.clone(), sync_grace, stop)
+    });
+}
+
 /// One worker group: up to `policy.size` sends at once, of the classes its policy takes, claimed in
 /// its policy's order.
 pub struct WorkerGroup {

@@ -225,4 +225,4 @@ pub async fn status(db: &PgPool, pool: &Pool, counter: i64, cif: &str) -> Result
     }))
 }
 
-crate::sql_catalog::statements_of!(CONFIRM, RELEASE, EXTEND);
+crate::statements::statements_of!(CONFIRM, RELEASE, EXTEND);

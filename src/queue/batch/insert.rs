@@ -232,4 +232,4 @@ async fn last_job_id(tx: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
     .await
 }
 
-crate::sql_catalog::statements_of!(INSERT, INSERT_KEYED);
+crate::statements::statements_of!(INSERT, INSERT_KEYED);

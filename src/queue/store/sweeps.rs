@@ -162,4 +162,4 @@ pub async fn erase_due(db: &PgPool, batch: i64) -> Result<u64, sqlx::Error> {
     }
 }
 
-crate::sql_catalog::statements_of!(RESCUE, EXPIRE_OVERDUE, PURGE_FINISHED, PURGE_DEAD, ERASE_DUE);
+crate::statements::statements_of!(RESCUE, EXPIRE_OVERDUE, PURGE_FINISHED, PURGE_DEAD, ERASE_DUE);

@@ -278,7 +278,7 @@ pub async fn run_cell(
     let started = Instant::now();
     let t0: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(db).await?;
     let mut tasks = Supervisor::new(Default::default(), stop.clone());
-    rt.spawn_workers(db, Duration::ZERO, &mut tasks);
+    cifpool::queue::worker::start_all(&rt, db, Duration::ZERO, &mut tasks);
 
     // OTPs at a fixed rate, each at its scheduled instant (no drift from insert latency).
     let injector = {
