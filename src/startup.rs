@@ -134,10 +134,11 @@ impl Application {
             tasks.keep_running(name, task);
         }
         tracing::info!(%addr, pools = ?state.pools.names(), tasks = ?tasks.names(), "cifpool serving");
-        let failure = tokio::select! {
-            () = shutdown => None,
-            failure = tasks.first_failure() => Some(failure.to_string()),
-            ended = &mut http => Some(format!("the HTTP server stopped: {ended:?}")),
+        // `http` is awaited again below unless the server is what ended (a handle is polled to its end once).
+        let (failure, http_ended) = tokio::select! {
+            () = shutdown => (None, false),
+            failure = tasks.first_failure() => (Some(failure.to_string()), false),
+            ended = &mut http => (Some(format!("the HTTP server stopped: {ended:?}")), true),
         };
         match &failure {
             None => tracing::info!(?grace, "shutdown requested: draining"),
@@ -157,7 +158,7 @@ impl Application {
             }
         };
         let http = async {
-            if http.is_finished() && failure.is_some() {
+            if http_ended {
                 return;
             }
             match tokio::time::timeout(grace, http).await {

@@ -40,7 +40,7 @@ impl Default for RestartPolicy {
 /// A run that lasted this long resets the back-off and the failure count: the failures were not in a row.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
 
-/// How many copies of each supervised task are running now, by name, and which were given up.
+/// How many copies of each supervised task are running now, by name (a task given up stays at 0).
 #[derive(Debug, Default)]
 pub struct Liveness {
     running: Mutex<BTreeMap<String, usize>>,
@@ -179,11 +179,6 @@ impl Supervisor {
     /// The token that ends every task of this supervisor.
     pub fn stop(&self) -> &CancellationToken {
         &self.stop
-    }
-
-    /// How its tasks are restarted.
-    pub fn policy(&self) -> RestartPolicy {
-        self.policy
     }
 
     /// Where the tasks' running copies are counted.

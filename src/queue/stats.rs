@@ -12,7 +12,7 @@ use sqlx::PgPool;
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
 
-/// How often [`refresh_loop`] re-reads the numbers.
+/// How often [`refresh_round`] runs: how old the numbers may get.
 pub(crate) const STATS_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Window over which the drain rate is measured.

@@ -21,7 +21,7 @@ use crate::queue::status::JobStatus;
 use crate::queue::store::{self, ClaimClass, Claimed, ClaimedJob};
 use crate::supervise::Supervisor;
 
-/// Claim loops per group (see [`WorkerGroup::run`]).
+/// Claim loops per group (see [`WorkerGroup::start`]).
 const CLAIM_LOOPS: usize = 2;
 
 /// What one step did.
@@ -82,7 +82,7 @@ pub struct WorkerGroup {
     runtime: Arc<QueueRuntime>,
     workers: Arc<Semaphore>,
     finisher: Finisher,
-    /// Jobs being processed by [`WorkerGroup::run`], to hand back if shutdown outlasts the grace.
+    /// Jobs being sent by the group's workers, to hand back if shutdown outlasts the grace.
     in_flight: std::sync::Mutex<BTreeMap<i64, ClaimedJob>>,
 }
 
@@ -378,7 +378,7 @@ impl WorkerGroup {
 }
 
 impl WorkerGroup {
-    /// One claim loop of [`WorkerGroup::run`]: takes free workers, claims that many jobs, hands each
+    /// One claim loop of [`WorkerGroup::start`]: takes free workers, claims that many jobs, hands each
     /// to a task that sends and finishes it.
     async fn claim_loop(self: Arc<Self>, stop: CancellationToken) {
         let poll = self.runtime.settings.poll_interval;

@@ -71,7 +71,7 @@ fn describe() {
     describe_gauge!("cifpool_build_info", "Always 1; the labels name the running version and git commit.");
     describe_gauge!(
         "cifpool_ready",
-        "1 while this instance's readiness check passes (database reachable, schema current)."
+        "1 while this instance's readiness check passes (database reachable, schema current, background tasks running)."
     );
     describe_gauge!(
         "cifpool_db_pool_connections",
