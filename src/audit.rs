@@ -72,7 +72,8 @@ pub mod action {
     pub(crate) const CIF_EXTENDED: &str = "cif.extended";
     /// A hold whose lease expired was taken back (by the schedule or an admin).
     pub(crate) const CIF_RECLAIMED: &str = "cif.reclaimed";
-    /// A refill batch generated codes (detail: the counters).
+    /// A refill batch generated codes (detail: first_counter, end_counter, codes, skipped, key_epoch,
+    /// force).
     pub(crate) const POOL_REFILLED: &str = "pool.refilled";
     /// The pool was fenced: the database was not the one codes were issued from, so its available and
     /// held codes were set aside and its counter moved on (detail: fence, set_aside, counter_from,
@@ -82,6 +83,9 @@ pub mod action {
     /// already_issued, were_available, were_held, were_set_aside, were_unknown, counter_before,
     /// counter_after).
     pub(crate) const POOL_RECONCILED: &str = "pool.reconciled";
+    /// A new key epoch was started for the pool: new codes come from a key derived with a new
+    /// `key_id` (detail: epoch, key_id, key_check, first_counter, available_discarded).
+    pub(crate) const POOL_KEY_ROTATED: &str = "pool.key_rotated";
     /// An operator accepted a changed database as it is, without fencing (detail: previous, current).
     pub(crate) const INCARNATION_ACCEPTED: &str = "incarnation.accepted";
     /// Dead letters were put back in the queue (detail: filter, pace, count).
@@ -289,6 +293,24 @@ pub struct AuditPage {
     /// Pass as `cursor` for the next (older) page; absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<i64>,
+}
+
+/// The trail as admins read it (the API and the console).
+#[derive(Clone)]
+pub struct AuditTrail {
+    db: PgPool,
+}
+
+impl AuditTrail {
+    /// The trail kept in `db`.
+    pub fn new(db: PgPool) -> AuditTrail {
+        AuditTrail { db }
+    }
+
+    /// One page of the events `q` selects, newest first.
+    pub async fn search(&self, q: &AuditQuery) -> Result<AuditPage, sqlx::Error> {
+        search(&self.db, q).await
+    }
 }
 
 /// Searches the trail, newest first, one page at a time.

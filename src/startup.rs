@@ -78,7 +78,7 @@ impl Application {
             .with_context(|| format!("binding {}", settings.server.listen))?;
         let state =
             AppState::new(database.pool.clone(), settings, pools, master).guarded_by(database.incarnation.clone());
-        state.queue.seal.register(&state.db).await.context("checking the personal-data key")?;
+        state.notifications.runtime().seal.register(&state.db).await.context("checking the personal-data key")?;
         Ok(Application {
             listener,
             state,
@@ -133,7 +133,7 @@ impl Application {
         for (name, task) in extra {
             tasks.keep_running(name, task);
         }
-        tracing::info!(%addr, pools = ?state.pools.names(), tasks = ?tasks.names(), "cifpool serving");
+        tracing::info!(%addr, pools = ?state.cif.pools().names(), tasks = ?tasks.names(), "cifpool serving");
         // `http` is awaited again below unless the server is what ended (a handle is polled to its end once).
         let (failure, http_ended) = tokio::select! {
             () = shutdown => (None, false),
@@ -281,17 +281,23 @@ fn start_watchers(state: &AppState, tasks: &mut Supervisor) {
 /// relay and budget sync, and a first refill of every pool (a fresh install starts empty).
 async fn start_background(state: &AppState, tasks: &mut Supervisor) -> anyhow::Result<JobScheduler> {
     let cron = JobScheduler::new().await?;
-    crate::cif::upkeep::schedule(&cron, &state.db, &state.pools, &state.upkeep).await?;
-    crate::queue::sweep::schedule(&cron, &state.db, &state.queue, &state.upkeep).await?;
+    crate::cif::upkeep::schedule(&cron, &state.db, state.cif.pools(), &state.upkeep).await?;
+    crate::queue::sweep::schedule(&cron, &state.db, state.notifications.runtime(), &state.upkeep).await?;
     cron.start().await?;
-    let (db, pools) = (state.db.clone(), state.pools.clone());
+    let (db, pools) = (state.db.clone(), state.cif.pools().clone());
     tasks.every("pool gauges", GAUGE_INTERVAL, move || refresh_gauges(db.clone(), pools.clone()));
-    let (db, queue) = (state.db.clone(), state.queue.clone());
+    let (db, queue) = (state.db.clone(), state.notifications.runtime().clone());
     tasks.every("stager", STAGE_INTERVAL, move || stage_round(db.clone(), queue.clone()));
-    let (db, queue, stats) = (state.db.clone(), state.queue.clone(), state.queue_stats.clone());
+    let (db, queue, stats) =
+        (state.db.clone(), state.notifications.runtime().clone(), state.notifications.stats().clone());
     tasks.every("queue statistics", STATS_INTERVAL, move || refresh_round(db.clone(), queue.clone(), stats.clone()));
-    crate::queue::worker::start_all(&state.queue, &state.db, state.settings.server.shutdown_grace, tasks);
-    for pool in state.pools.iter() {
+    crate::queue::worker::start_all(
+        state.notifications.runtime(),
+        &state.db,
+        state.settings.server.shutdown_grace,
+        tasks,
+    );
+    for pool in state.cif.pools().iter() {
         crate::cif::upkeep::after_claim(&state.db, pool, &state.upkeep);
     }
     Ok(cron)

@@ -5,40 +5,40 @@ use std::sync::Arc;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::PgPool;
 
+use tokio_util::task::TaskTracker;
+
+use crate::audit::AuditTrail;
 use crate::auth::Authenticator;
-use crate::cif::fence::IncarnationGuard;
+use crate::cif::fence::{FencePolicy, IncarnationGuard};
 use crate::cif::{Cif, Pools};
 use crate::config::Settings;
 use crate::queue::Queue;
 use crate::queue::runtime::QueueRuntime;
-use crate::queue::stats::QueueStats;
-use tokio_util::task::TaskTracker;
 
 /// Cheap to clone: everything inside is reference-counted.
 #[derive(Clone)]
 pub struct AppState {
-    /// Connections to the service's database (lazy: a down database fails requests, not start-up).
+    /// Connections to the service's database (lazy: a down database fails requests, not start-up):
+    /// readiness, console sessions and the start-up checks use it; operations go through the services.
     pub db: PgPool,
     /// The effective configuration, after defaults, file and environment.
     pub settings: Arc<Settings>,
     /// Renders the process-wide Prometheus recorder for `/metrics`.
     pub metrics: PrometheusHandle,
-    /// The CIF pools this instance serves, reconciled with the database at start.
-    pub pools: Arc<Pools>,
-    /// CIF issuance over those pools: what the API's handlers call.
+    /// CIF issuance and the operator's work on the pools.
     pub cif: Cif,
-    /// Notification classes, providers and their limits.
-    pub queue: Arc<QueueRuntime>,
-    /// The notification queue's operations: what the API's handlers call.
+    /// The notification queue: intake, jobs and batches, and the operator's work on it.
     pub notifications: Queue,
-    /// Latest queue depth snapshot, read by the gauges and by intake backpressure.
-    pub queue_stats: Arc<QueueStats>,
-    /// Checks API keys (and the bootstrap admin token) for every `/v1` and `/admin` request.
+    /// Checks API keys (and the bootstrap admin token) for every `/v1` and `/admin` request, and
+    /// manages the keys.
     pub auth: Arc<Authenticator>,
+    /// The audit trail, as admins search it.
+    pub audit: AuditTrail,
     /// Request rate per key and failed authentications per client address, on this pod.
     pub limits: Arc<crate::http::limits::CallerLimits>,
-    /// Maintenance runs (refills, reclaims, sweeps, a key's last-use write) started by requests and schedules: shutdown waits
-    /// for them before it closes the database, so none dies half-way on a closed pool.
+    /// Maintenance runs (refills, reclaims, sweeps, a key's last-use write) started by requests and
+    /// schedules: shutdown waits for them before it closes the database, so none dies half-way on a
+    /// closed pool.
     pub upkeep: TaskTracker,
     /// The background tasks running now: readiness fails while one the service needs is down.
     pub liveness: Arc<crate::supervise::Liveness>,
@@ -60,20 +60,17 @@ impl AppState {
         let upkeep = TaskTracker::new();
         let auth = Arc::new(Authenticator::new(db.clone(), settings.security.admin_token.clone(), upkeep.clone()));
         let limits = Arc::new(crate::http::limits::CallerLimits::new(&settings.security));
-        let pools = Arc::new(pools);
         let incarnation = IncarnationGuard::new();
-        let queue_stats = Arc::new(QueueStats::default());
+        let fence_policy = FencePolicy::from_settings(&settings);
         AppState {
-            notifications: Queue::new(db.clone(), queue.clone(), queue_stats.clone(), upkeep.clone()),
-            cif: Cif::new(db.clone(), pools.clone(), upkeep.clone(), incarnation.clone()),
+            notifications: Queue::new(db.clone(), queue, Arc::default(), upkeep.clone()),
+            cif: Cif::new(db.clone(), Arc::new(pools), upkeep.clone(), incarnation.clone(), fence_policy),
+            audit: AuditTrail::new(db.clone()),
             db,
             auth,
             limits,
             settings: Arc::new(settings),
             metrics: crate::telemetry::metrics_handle(),
-            pools,
-            queue,
-            queue_stats,
             upkeep,
             liveness: Arc::default(),
             incarnation,
@@ -83,7 +80,7 @@ impl AppState {
     /// The same state, with reservations refused while `incarnation` (the database's, checked at
     /// start and by the watcher) is halted.
     pub fn guarded_by(mut self, incarnation: Arc<IncarnationGuard>) -> AppState {
-        self.cif = Cif::new(self.db.clone(), self.pools.clone(), self.upkeep.clone(), incarnation.clone());
+        self.cif = self.cif.guarded_by(incarnation.clone());
         self.incarnation = incarnation;
         self
     }

@@ -19,7 +19,8 @@ use sqlx::PgPool;
 use subtle::ConstantTimeEq;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::api_key::{self, KeyDigest};
+use crate::audit::Actor;
+use crate::auth::api_key::{self, ApiKey, CreatedKey, KeyDigest, KeyError, NewKey};
 use crate::auth::scope::{Scope, ScopeSet};
 
 /// How long a pod trusts what it read about a key.
@@ -220,6 +221,24 @@ impl Authenticator {
                 tracing::debug!(key = %name, error = %e, "could not record the key's last use");
             }
         });
+    }
+}
+
+/// The keys themselves, as an admin manages them (the API and the console).
+impl Authenticator {
+    /// Creates a key for `new`'s scopes and tenants; the answer carries its secret, this once.
+    pub async fn create_key(&self, actor: &Actor, new: &NewKey) -> Result<CreatedKey, KeyError> {
+        api_key::create(&self.db, actor, new).await
+    }
+
+    /// Every key, revoked ones too, without secrets.
+    pub async fn keys(&self) -> Result<Vec<ApiKey>, sqlx::Error> {
+        api_key::list(&self.db).await
+    }
+
+    /// Revokes key `name`; pods stop accepting it within the cache's lifetime.
+    pub async fn revoke_key(&self, actor: &Actor, name: &str) -> Result<(), KeyError> {
+        api_key::revoke(&self.db, actor, name).await
     }
 }
 

@@ -14,12 +14,14 @@
 //! - [`upkeep`]: when refill, reclaim and the gauges run (schedules, on-demand triggers).
 
 pub mod coalesce;
+pub mod epochs;
 pub mod fence;
 pub mod pools;
 pub mod reclaim;
 pub mod reconcile;
 pub mod refill;
 pub mod refill_text;
+pub mod rotate;
 pub mod service;
 pub mod stats;
 pub mod store;

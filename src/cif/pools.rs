@@ -1,11 +1,13 @@
 //! The pools this instance serves, built from configuration and reconciled with `cif_pools`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64};
+use std::sync::{Arc, RwLock};
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
+use crate::cif::epochs::{KeyEpoch, KeyEpochs};
+use crate::code::cipher::Cipher;
 use crate::code::format::{CodeFormat, PoolCodec};
 use crate::config::PoolSettings;
 use crate::keys::MasterKey;
@@ -23,7 +25,7 @@ pub enum ReconcileError {
     Pinned {
         /// Pool name.
         pool: String,
-        /// `prefix`, `digits`, `check`, `key_id` or `key` (the key check value: another master key).
+        /// `prefix`, `digits`, `check`, `cipher`, `key_id` or `key` (the key check value: another master key).
         field: &'static str,
         /// Value in the database.
         stored: String,
@@ -82,6 +84,10 @@ pub struct Pool {
     pub(crate) refilling: AtomicBool,
     /// The shared-statement reservations of this pool, started at the first reservation.
     pub(crate) coalescer: std::sync::OnceLock<crate::cif::coalesce::Coalescer>,
+    /// The pool's keys over time, as this instance last read them (see [`crate::cif::epochs`]).
+    keys: RwLock<Arc<KeyEpochs>>,
+    /// Derives the keys of epochs started after this instance read them.
+    master: MasterKey,
 }
 
 impl Pool {
@@ -89,6 +95,78 @@ impl Pool {
     pub fn name(&self) -> &str {
         &self.settings.name
     }
+
+    /// The pool's key epochs as this instance knows them: the last one encodes new counters.
+    pub fn keys(&self) -> Arc<KeyEpochs> {
+        self.keys.read().expect("keys lock").clone()
+    }
+
+    /// The check value of the key this pool derives for `key_id` (stored with a new key epoch).
+    pub(crate) fn key_check_for(&self, key_id: &str) -> String {
+        self.master.derive_pool_key(&self.settings.name, key_id).check_value()
+    }
+
+    /// Reads the pool's key epochs again when the database has started one this instance does not
+    /// know (another instance rotated the key); whether anything changed.
+    pub(crate) async fn reload_keys(&self, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+        let stored: i16 = sqlx::query_scalar("SELECT key_epoch FROM cif_pools WHERE id = $1")
+            .bind(self.id)
+            .fetch_one(&mut *conn)
+            .await?;
+        if stored == self.keys().current().number {
+            return Ok(false);
+        }
+        let epoch0 = self.keys().all()[0].clone();
+        match load_epochs(conn, self.id, &self.settings.name, epoch0, &self.master).await {
+            Ok(keys) => {
+                tracing::info!(pool = self.name(), epoch = keys.current().number, key_id = %keys.current().key_id,
+                    "learned of a new key epoch");
+                *self.keys.write().expect("keys lock") = Arc::new(keys);
+                Ok(true)
+            }
+            Err(ReconcileError::Database(e)) => Err(e),
+            Err(e) => {
+                // Only an instance with another master key could have started it, and such an
+                // instance is refused at start; keep issuing under what is known.
+                tracing::error!(pool = self.name(), error = %e, "a new key epoch cannot be derived here");
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// Epoch 0 (`epoch0`, the configured key) and every epoch recorded for pool `pool_id`, each key
+/// derived from `master` and checked against the check value stored with it.
+async fn load_epochs(
+    conn: &mut PgConnection,
+    pool_id: i16,
+    pool_name: &str,
+    epoch0: KeyEpoch,
+    master: &MasterKey,
+) -> Result<KeyEpochs, ReconcileError> {
+    let rows: Vec<(i16, String, String, i64)> = sqlx::query_as(
+        "SELECT epoch, key_id, key_check, first_counter FROM cif_key_epochs WHERE pool_id = $1 ORDER BY epoch",
+    )
+    .bind(pool_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    let (format, cipher) = (epoch0.codec.format().clone(), epoch0.codec.permutation().cipher());
+    let mut epochs = vec![epoch0];
+    for (number, key_id, key_check, first_counter) in rows {
+        let key = master.derive_pool_key(pool_name, &key_id);
+        if key.check_value() != key_check {
+            return Err(ReconcileError::Pinned {
+                pool: pool_name.to_string(),
+                field: "key",
+                stored: format!("key check {key_check} for key epoch {number} ({key_id})"),
+                configured: format!("key check {} (another master key?)", key.check_value()),
+            });
+        }
+        let codec = PoolCodec::with_cipher(format.clone(), cipher, &key, pool_name)
+            .map_err(|e| ReconcileError::Format(pool_name.to_string(), e.to_string()))?;
+        epochs.push(KeyEpoch { number, key_id, first_counter: first_counter as u64, codec });
+    }
+    Ok(KeyEpochs::new(epochs))
 }
 
 impl std::fmt::Debug for Pool {
@@ -111,6 +189,7 @@ struct PoolRow {
     prefix: String,
     digits: i16,
     check_scheme: String,
+    cipher: String,
     key_id: String,
     key_check: Option<String>,
 }
@@ -127,41 +206,50 @@ impl Pools {
             let format = settings.format().map_err(|e| ReconcileError::Format(settings.name.clone(), e.to_string()))?;
             let key = master.derive_pool_key(&settings.name, &settings.key_id);
             let key_check = key.check_value();
-            let codec = PoolCodec::new(format, &key)
-                .map_err(|e| ReconcileError::Format(settings.name.clone(), e.to_string()))?;
-            // The first instance to start creates the pool, and its format and key check are pinned from
-            // that moment: two instances starting together with different settings cannot both win.
+            // The first instance to start creates the pool, and its format, cipher and key check are
+            // pinned from that moment: two instances starting together with different settings cannot
+            // both win. A new pool without a configured cipher gets FF1.
             let created: Option<PoolRow> = sqlx::query_as(
-                "INSERT INTO cif_pools (name, prefix, digits, check_scheme, key_id, key_check) \
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (name) DO NOTHING \
-                 RETURNING id, name, prefix, digits, check_scheme, key_id, key_check",
+                "INSERT INTO cif_pools (name, prefix, digits, check_scheme, cipher, key_id, key_check) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING \
+                 RETURNING id, name, prefix, digits, check_scheme, cipher, key_id, key_check",
             )
             .bind(&settings.name)
             .bind(&settings.prefix)
             .bind(settings.digits as i16)
             .bind(settings.check.name())
+            .bind(settings.cipher.unwrap_or(Cipher::Ff1).name())
             .bind(&settings.key_id)
             .bind(&key_check)
             .fetch_optional(db)
             .await?;
             let mut row = match created {
                 Some(row) => row,
-                None => sqlx::query_as(
-                    "SELECT id, name, prefix, digits, check_scheme, key_id, key_check FROM cif_pools WHERE name = $1",
-                )
-                .bind(&settings.name)
-                .fetch_one(db)
-                .await?,
+                None => {
+                    sqlx::query_as(
+                        "SELECT id, name, prefix, digits, check_scheme, cipher, key_id, key_check FROM cif_pools \
+                     WHERE name = $1",
+                    )
+                    .bind(&settings.name)
+                    .fetch_one(db)
+                    .await?
+                }
             };
+            let configured_cipher = settings.cipher.map_or_else(|| row.cipher.clone(), |c| c.name().to_string());
             let differences = [
                 ("prefix", row.prefix.clone(), settings.prefix.clone()),
                 ("digits", row.digits.to_string(), settings.digits.to_string()),
                 ("check", row.check_scheme.clone(), settings.check.name().to_string()),
+                ("cipher", row.cipher.clone(), configured_cipher),
                 ("key_id", row.key_id.clone(), settings.key_id.clone()),
             ];
             if let Some((field, stored, configured)) = differences.into_iter().find(|(_, s, c)| s != c) {
                 return Err(ReconcileError::Pinned { pool: settings.name.clone(), field, stored, configured });
             }
+            let cipher: Cipher =
+                row.cipher.parse().map_err(|e: String| ReconcileError::Format(settings.name.clone(), e))?;
+            let codec = PoolCodec::with_cipher(format, cipher, &key, &settings.name)
+                .map_err(|e| ReconcileError::Format(settings.name.clone(), e.to_string()))?;
             // A stored code is a key check value that costs nothing to keep: a different master key
             // would silently produce different codes and mis-decode existing ones, so refuse to start.
             let sample: Option<(i64, String)> = sqlx::query_as(
@@ -171,8 +259,11 @@ impl Pools {
             .bind(row.id)
             .fetch_optional(db)
             .await?;
+            let epoch0 =
+                KeyEpoch { number: 0, key_id: settings.key_id.clone(), first_counter: 0, codec: codec.clone() };
+            let keys = load_epochs(&mut *db.acquire().await?, row.id, &settings.name, epoch0, master).await?;
             if let Some((counter, stored)) = sample {
-                let derived = codec.encode(counter as u64);
+                let derived = keys.encode(counter as u64).unwrap_or_default();
                 if derived != stored {
                     return Err(ReconcileError::WrongKey(settings.name.clone(), counter, stored, derived));
                 }
@@ -182,7 +273,7 @@ impl Pools {
                 // (if any) proved the key; of several instances doing this at once, the first one wins.
                 row = sqlx::query_as(
                     "UPDATE cif_pools SET key_check = coalesce(key_check, $2), updated_at = now() WHERE id = $1 \
-                     RETURNING id, name, prefix, digits, check_scheme, key_id, key_check",
+                     RETURNING id, name, prefix, digits, check_scheme, cipher, key_id, key_check",
                 )
                 .bind(row.id)
                 .bind(&key_check)
@@ -204,6 +295,8 @@ impl Pools {
                 id: row.id,
                 settings: settings.clone(),
                 codec,
+                keys: RwLock::new(Arc::new(keys)),
+                master: master.clone(),
                 key_check,
                 low: AtomicBool::new(false),
                 last_depth_check_ms: AtomicI64::new(0),
@@ -220,8 +313,8 @@ impl Pools {
 
     async fn check_retired_overlaps(&self, db: &PgPool) -> Result<(), ReconcileError> {
         let retired: Vec<PoolRow> = sqlx::query_as(
-            "SELECT id, name, prefix, digits, check_scheme, key_id, key_check FROM cif_pools \
-                 WHERE next_counter > 0 AND NOT (name = ANY($1))",
+            "SELECT id, name, prefix, digits, check_scheme, cipher, key_id, key_check FROM cif_pools \
+             WHERE next_counter > 0 AND NOT (name = ANY($1))",
         )
         .bind(self.list.iter().map(|p| p.settings.name.clone()).collect::<Vec<_>>())
         .fetch_all(db)

@@ -105,6 +105,10 @@ pub async fn reconcile(
     let mut conn = db.acquire().await?;
     let mut tx = conn.begin().await?;
     sqlx::query("SET LOCAL statement_timeout = 0").execute(&mut *tx).await?;
+    // Codes of a key epoch another instance started must be read under its key.
+    for pool in pools.iter() {
+        pool.reload_keys(&mut tx).await?;
+    }
     sqlx::query(
         "CREATE TEMP TABLE reconcile_input (pool_id int2, counter int8, code text, customer_ref text) ON COMMIT DROP",
     )
@@ -290,6 +294,7 @@ fn decode(pools: &Pools, code: &str) -> Result<(i16, u64), String> {
         return Err("longer than any code".into());
     }
     let pool = pools.for_code(code).ok_or("not the length and prefix of any pool's codes")?;
-    let counter = pool.codec.decode(code).map_err(|e| e.to_string())?;
-    Ok((pool.id, counter))
+    let located = pool.keys().locate(code).map_err(|e| e.to_string())?;
+    let located = located.ok_or("a well-formed code that none of the pool's keys makes")?;
+    Ok((pool.id, located.counter))
 }

@@ -204,12 +204,29 @@ async fn run_locked(
     };
     let domain = pool.codec.capacity() as i64;
     summary.outcome = RefillOutcome::Refilled;
-    let mut text = BatchText::new(pool.id, pool.codec.clone());
-    for n in 0..batches {
+    let mut text = BatchText::new(pool.id, pool.keys());
+    let mut n = 0;
+    let mut relearned = false;
+    while n < batches {
         let span = tracing::info_span!("refill batch", pool = pool.name(), codes = tracing::field::Empty);
         let last = n + 1 == batches;
         let added = add_batch(conn, pool, &opts, batch, domain, &mut text, last).instrument(span.clone()).await?;
+        n += 1;
         match added {
+            Batch::NewKeyEpoch if !relearned => {
+                // Another instance rotated the key: learn the new epoch, then take this batch again.
+                relearned = pool.reload_keys(conn).await?;
+                text = BatchText::new(pool.id, pool.keys());
+                n -= 1;
+            }
+            Batch::NewKeyEpoch => {
+                summary.outcome = RefillOutcome::Refused;
+                tracing::error!(
+                    pool = pool.name(),
+                    "refill refused: the pool's key epoch is not one this instance can read"
+                );
+                break;
+            }
             Batch::Refused => {
                 summary.outcome = RefillOutcome::Refused;
                 tracing::error!(
@@ -233,9 +250,9 @@ async fn run_locked(
                 tracing::error!(pool = pool.name(), "pool domain exhausted: every counter has been generated");
                 break;
             }
-            Batch::Added { start, end } => {
-                span.record("codes", end - start);
-                summary.codes_added += (end - start) as u64;
+            Batch::Added { end, codes } => {
+                span.record("codes", codes);
+                summary.codes_added += codes;
                 summary.batches += 1;
                 if end >= domain {
                     tracing::error!(pool = pool.name(), "pool domain exhausted after this batch");
@@ -249,8 +266,11 @@ async fn run_locked(
 
 /// What one refill batch did.
 enum Batch {
-    /// Codes for counters `start..end` were added.
-    Added { start: i64, end: i64 },
+    /// The counters up to `end` were taken and `codes` codes added for them (a counter whose code
+    /// an earlier key epoch made gets none).
+    Added { end: i64, codes: u64 },
+    /// The pool has a key epoch this instance has not read: nothing added.
+    NewKeyEpoch,
     /// The pool row holds another format or key check: nothing added.
     Refused,
     /// No counter is left in the pool's domain.
@@ -277,18 +297,20 @@ async fn add_batch(
     // row still holds this instance's format and key check: counters advanced under another
     // permutation would not be what the rest of the deployment decodes.
     // Nor while issuance is halted for a changed database (see crate::cif::fence).
-    let (pinned, halted, range): (bool, bool, Option<(i64, i64)>) = {
-        let (pinned, halted, start, end): (bool, bool, Option<i64>, Option<i64>) = sqlx::query_as(
+    let (pinned, epoch, halted, range): (bool, i16, bool, Option<(i64, i64)>) = {
+        let (pinned, epoch, halted, start, end): (bool, i16, bool, Option<i64>, Option<i64>) = sqlx::query_as(
             "WITH old AS ( \
-                SELECT next_counter, (prefix, digits, check_scheme, key_id, key_check) \
-                       IS NOT DISTINCT FROM ($4::text, $5::int2, $6::text, $7::text, $8::text) AS pinned, \
+                SELECT next_counter, key_epoch, (prefix, digits, check_scheme, cipher, key_id, key_check) \
+                       IS NOT DISTINCT FROM ($4::text, $5::int2, $6::text, $9::text, $7::text, $8::text) AS pinned, \
                        EXISTS (SELECT FROM cif_incarnation WHERE halted_for IS NOT NULL) AS halted \
                 FROM cif_pools WHERE id = $1 FOR UPDATE), \
              advanced AS ( \
                 UPDATE cif_pools AS p SET next_counter = LEAST(old.next_counter + $2, $3), updated_at = now() \
-                FROM old WHERE p.id = $1 AND old.pinned AND NOT old.halted AND old.next_counter < $3 \
+                FROM old WHERE p.id = $1 AND old.pinned AND old.key_epoch = $10 AND NOT old.halted \
+                  AND old.next_counter < $3 \
                 RETURNING old.next_counter AS start, p.next_counter AS end_counter) \
-             SELECT old.pinned, old.halted, advanced.start, advanced.end_counter FROM old LEFT JOIN advanced ON true",
+             SELECT old.pinned, old.key_epoch, old.halted, advanced.start, advanced.end_counter \
+               FROM old LEFT JOIN advanced ON true",
         )
         .bind(pool.id)
         .bind(batch as i64)
@@ -298,12 +320,17 @@ async fn add_batch(
         .bind(s.check.name())
         .bind(&s.key_id)
         .bind(&pool.key_check)
+        .bind(pool.codec.permutation().cipher().name())
+        .bind(text.epoch())
         .fetch_one(&mut *tx)
         .await?;
-        (pinned, halted, start.zip(end))
+        (pinned, epoch, halted, start.zip(end))
     };
     if !pinned {
         return Ok(Batch::Refused);
+    }
+    if epoch != text.epoch() {
+        return Ok(Batch::NewKeyEpoch);
     }
     if halted {
         return Ok(Batch::Halted);
@@ -316,10 +343,13 @@ async fn add_batch(
         text.encode_ahead(end..(end + batch as i64).min(domain));
     }
     let mut copy = tx.copy_in_raw("COPY cif_codes (pool_id, counter, code) FROM STDIN").await?;
-    copy.send(rows.as_bytes()).await?;
+    copy.send(rows.text.as_bytes()).await?;
     copy.finish().await?;
-    let detail =
-        serde_json::json!({ "first_counter": start, "end_counter": end, "codes": end - start, "force": opts.force });
+    let skipped = (end - start) as u64 - rows.codes;
+    let detail = serde_json::json!({
+        "first_counter": start, "end_counter": end, "codes": rows.codes, "skipped": skipped,
+        "key_epoch": epoch, "force": opts.force,
+    });
     let event = Event {
         action: audit::action::POOL_REFILLED,
         pool: Some(pool.name()),
@@ -328,5 +358,5 @@ async fn add_batch(
     };
     audit::record(&mut tx, &opts.actor, &event).await?;
     tx.commit().await?;
-    Ok(Batch::Added { start, end })
+    Ok(Batch::Added { end, codes: rows.codes })
 }

@@ -13,11 +13,14 @@ use uuid::Uuid;
 
 use crate::audit::Actor;
 use crate::cif::coalesce::{Coalescer, Shared};
-use crate::cif::fence::IncarnationGuard;
+use crate::cif::fence::{FencePolicy, IncarnationGuard};
 use crate::cif::stats::{self, PoolStats};
 use crate::cif::store::{self, By, CodeStatus, Confirmed, Reserved};
 use crate::cif::{Pool, Pools, upkeep};
 use crate::claim::Fenced;
+
+mod operator;
+pub use operator::{FenceOutcome, Rotation};
 
 /// Why a CIF operation was not carried out.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +43,15 @@ pub enum CifError {
          (or `--accept`)"
     )]
     Halted,
+    /// The request asks for something the pool cannot do (the detail says what).
+    #[error("{0}")]
+    Invalid(String),
+    /// The request conflicts with the pool's state (the detail says how).
+    #[error("{0}")]
+    Conflict(String),
+    /// Work started for the request ended without an answer (a panic: the detail is in the log).
+    #[error("{0}")]
+    Interrupted(String),
     /// The database failed.
     #[error(transparent)]
     Database(#[from] sqlx::Error),
@@ -52,13 +64,25 @@ pub struct Cif {
     pools: Arc<Pools>,
     upkeep: TaskTracker,
     incarnation: Arc<IncarnationGuard>,
+    fence_policy: FencePolicy,
 }
 
 impl Cif {
-    /// Operations on `pools` in `db`; refills a reservation starts run on `upkeep`, and reservations are
-    /// refused while `incarnation` is halted.
-    pub fn new(db: PgPool, pools: Arc<Pools>, upkeep: TaskTracker, incarnation: Arc<IncarnationGuard>) -> Cif {
-        Cif { db, pools, upkeep, incarnation }
+    /// Operations on `pools` in `db`; refills a reservation starts run on `upkeep`, reservations are
+    /// refused while `incarnation` is halted, and an operator's fence follows `fence_policy`.
+    pub(crate) fn new(
+        db: PgPool,
+        pools: Arc<Pools>,
+        upkeep: TaskTracker,
+        incarnation: Arc<IncarnationGuard>,
+        fence_policy: FencePolicy,
+    ) -> Cif {
+        Cif { db, pools, upkeep, incarnation, fence_policy }
+    }
+
+    /// The same operations, with reservations refused while `incarnation` is halted.
+    pub(crate) fn guarded_by(self, incarnation: Arc<IncarnationGuard>) -> Cif {
+        Cif { incarnation, ..self }
     }
 
     /// The pool serving `customer_type`.
@@ -74,19 +98,30 @@ impl Cif {
         self.pools.for_code(cif).map(|pool| pool.name())
     }
 
-    /// The pool `cif` belongs to and its counter there.
-    pub fn decode(&self, cif: &str) -> Result<(&Arc<Pool>, i64), CifError> {
+    /// The pool `cif` belongs to (by its digits, length and prefix).
+    fn pool_for(&self, cif: &str) -> Result<&Arc<Pool>, CifError> {
         if let Some(position) = cif.chars().position(|c| !c.is_ascii_digit()) {
             return Err(CifError::Malformed(format!(
                 "code must contain only the digits 0-9, but character {} is not a digit",
                 position + 1
             )));
         }
-        let pool = self.pools.for_code(cif).ok_or_else(|| {
+        self.pools.for_code(cif).ok_or_else(|| {
             CifError::Malformed(format!("{cif:?} does not have the length and prefix of any pool's codes"))
-        })?;
-        let counter = pool.codec.decode(cif).map_err(|e| CifError::Malformed(e.to_string()))?;
-        Ok((pool, counter as i64))
+        })
+    }
+
+    /// `cif`'s counter in `pool` under the key epochs this instance knows (`None`: none of them makes it).
+    fn counter(pool: &Pool, cif: &str) -> Result<Option<i64>, CifError> {
+        let located = pool.keys().locate(cif).map_err(|e| CifError::Malformed(e.to_string()))?;
+        Ok(located.map(|l| l.counter as i64))
+    }
+
+    /// After an operation found nothing at a code's counter: whether `pool` has a key epoch this
+    /// instance had not read (now read), so that the code may be one the new key made, decoded under
+    /// the old, and the operation is worth one more try.
+    async fn learned_new_keys(&self, pool: &Pool) -> Result<bool, CifError> {
+        Ok(pool.reload_keys(&mut *self.db.acquire().await?).await?)
     }
 
     /// Reserves one code of `customer_type`'s pool for `holder` on behalf of `actor`: without an
@@ -159,8 +194,18 @@ impl Cif {
         customer_ref: Option<&str>,
         by: By<'_>,
     ) -> Result<Confirmed, CifError> {
-        let (pool, counter) = self.decode(cif)?;
-        let outcome = store::confirm(&self.db, pool, counter, token, customer_ref, by).await?;
+        let pool = self.pool_for(cif)?;
+        let mut retried = false;
+        let outcome = loop {
+            let outcome = match Self::counter(pool, cif)? {
+                Some(counter) => store::confirm(&self.db, pool, counter, token, customer_ref, by).await?,
+                None => Confirmed::LeaseLost,
+            };
+            if !matches!(outcome, Confirmed::LeaseLost) || retried || !self.learned_new_keys(pool).await? {
+                break outcome;
+            }
+            retried = true;
+        };
         if let Confirmed::Now(_) = outcome {
             metrics::counter!("cifpool_confirmations_total", "pool" => pool.name().to_string()).increment(1);
         }
@@ -169,20 +214,50 @@ impl Cif {
 
     /// Gives `cif` back to its pool if `token` still holds it (see [`store::release`]).
     pub async fn release(&self, cif: &str, token: Uuid, by: By<'_>) -> Result<Fenced, CifError> {
-        let (pool, counter) = self.decode(cif)?;
-        Ok(store::release(&self.db, pool, counter, token, by).await?)
+        let pool = self.pool_for(cif)?;
+        let mut retried = false;
+        loop {
+            let outcome = match Self::counter(pool, cif)? {
+                Some(counter) => store::release(&self.db, pool, counter, token, by).await?,
+                None => Fenced::LeaseLost,
+            };
+            if matches!(outcome, Fenced::Done) || retried || !self.learned_new_keys(pool).await? {
+                return Ok(outcome);
+            }
+            retried = true;
+        }
     }
 
     /// Extends `token`'s hold of `cif` by its pool's lease; the new end, or `None` when the hold is lost.
     pub async fn extend(&self, cif: &str, token: Uuid, by: By<'_>) -> Result<Option<DateTime<Utc>>, CifError> {
-        let (pool, counter) = self.decode(cif)?;
-        Ok(store::extend(&self.db, pool, counter, token, by).await?)
+        let pool = self.pool_for(cif)?;
+        let mut retried = false;
+        loop {
+            let outcome = match Self::counter(pool, cif)? {
+                Some(counter) => store::extend(&self.db, pool, counter, token, by).await?,
+                None => None,
+            };
+            if outcome.is_some() || retried || !self.learned_new_keys(pool).await? {
+                return Ok(outcome);
+            }
+            retried = true;
+        }
     }
 
     /// Where `cif` stands (held, confirmed, …), or `None` for a well-formed code never issued.
     pub async fn status(&self, cif: &str) -> Result<Option<CodeStatus>, CifError> {
-        let (pool, counter) = self.decode(cif)?;
-        Ok(store::status(&self.db, pool, counter, cif).await?)
+        let pool = self.pool_for(cif)?;
+        let mut retried = false;
+        loop {
+            let outcome = match Self::counter(pool, cif)? {
+                Some(counter) => store::status(&self.db, pool, counter, cif).await?,
+                None => None,
+            };
+            if outcome.is_some() || retried || !self.learned_new_keys(pool).await? {
+                return Ok(outcome);
+            }
+            retried = true;
+        }
     }
 
     /// Each pool's depth, read now.

@@ -1,4 +1,5 @@
-//! `cifpool codes gen|inspect`: the pure code generator from the command line.
+//! `cifpool codes gen|inspect`: the pure code generator from the command line (no database: a
+//! pool's later key epochs are given with `--epoch`).
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -52,14 +53,26 @@ pub struct CodeArgs {
     /// Key label of the pool. Defaults to the pool's, else "default".
     #[arg(long)]
     pub key_id: Option<String>,
-    /// Pool name (part of the key derivation); a configured pool also supplies format and key id.
+    /// Pool name (part of the key derivation, and FF1's tweak); a configured pool also supplies format,
+    /// key id and cipher.
     #[arg(long, value_name = "NAME")]
     pub pool: Option<String>,
+    /// The keyed permutation. Defaults to the configured pool's; without a configured pool, `feistel`
+    /// (the cipher of every code issued before FF1 was offered).
+    #[arg(long, value_enum)]
+    pub cipher: Option<crate::code::cipher::Cipher>,
+    /// A key epoch the pool started after the configured key (`cifpool pools rotate-key`), as
+    /// KEY_ID@FIRST_COUNTER, oldest first; repeat for each (`cifpool pools locate` reads them from the
+    /// database instead).
+    #[arg(long = "epoch", value_name = "KEY_ID@FIRST_COUNTER")]
+    pub epochs: Vec<String>,
 }
 
 impl CodeArgs {
-    /// Builds the codec these arguments describe.
-    pub fn codec(&self, settings: &Settings) -> anyhow::Result<crate::code::format::PoolCodec> {
+    /// The key epochs these arguments describe: the pool's configured key, then each `--epoch`.
+    pub fn keys(&self, settings: &Settings) -> anyhow::Result<crate::cif::epochs::KeyEpochs> {
+        use crate::cif::epochs::{KeyEpoch, KeyEpochs};
+        use crate::code::cipher::Cipher;
         use crate::code::format::{CodeFormat, PoolCodec};
         let configured = match &self.pool {
             Some(name) => settings.pool(name),
@@ -79,6 +92,16 @@ impl CodeArgs {
         let check = self.check.or(configured.map(|p| p.check)).unwrap_or_default();
         let key_id = self.key_id.clone().or(configured.map(|p| p.key_id.clone())).unwrap_or_else(|| "default".into());
         let pool_name = self.pool.clone().unwrap_or_else(|| "default".into());
+        let cipher = match (self.cipher, configured) {
+            (Some(cipher), _) => cipher,
+            (None, Some(pool)) => pool.cipher.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "pool {pool_name:?} does not name its cipher in the configuration (the database pins it: \
+                     SELECT cipher FROM cif_pools WHERE name = '{pool_name}'); pass --cipher ff1 or --cipher feistel"
+                )
+            })?,
+            (None, None) => Cipher::Feistel,
+        };
         let master = match &self.key_hex {
             Some(hex) => crate::keys::MasterKey::from_hex(hex).context("--key-hex")?,
             None if self.key_stdin => {
@@ -91,6 +114,25 @@ impl CodeArgs {
             None => crate::keys::resolve::resolve_master_key(settings, false)?,
         };
         let format = CodeFormat::new(prefix, digits, check)?;
-        Ok(PoolCodec::new(format, &master.derive_pool_key(&pool_name, &key_id))?)
+        let codec = |key_id: &str| {
+            PoolCodec::with_cipher(format.clone(), cipher, &master.derive_pool_key(&pool_name, key_id), &pool_name)
+        };
+        let mut epochs = vec![KeyEpoch { number: 0, key_id: key_id.clone(), first_counter: 0, codec: codec(&key_id)? }];
+        for (i, epoch) in self.epochs.iter().enumerate() {
+            let (key_id, first) = epoch
+                .rsplit_once('@')
+                .and_then(|(id, first)| Some((id, first.parse::<u64>().ok()?)))
+                .filter(|(id, _)| !id.is_empty())
+                .ok_or_else(|| anyhow::anyhow!("--epoch {epoch:?}: expected KEY_ID@FIRST_COUNTER"))?;
+            let previous = epochs.last().map_or(0, |e| e.first_counter);
+            anyhow::ensure!(first >= previous, "--epoch {epoch:?}: epochs go oldest first, each from a later counter");
+            epochs.push(KeyEpoch {
+                number: i as i16 + 1,
+                key_id: key_id.to_string(),
+                first_counter: first,
+                codec: codec(key_id)?,
+            });
+        }
+        Ok(KeyEpochs::new(epochs))
     }
 }

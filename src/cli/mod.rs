@@ -163,23 +163,35 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Keygen => unreachable!("handled before the configuration is loaded"),
         Command::Codes(CodesCommand::Gen { format, start, count }) => {
             use std::io::Write;
-            let codec = format.codec(&settings)?;
-            let end = start.checked_add(count).filter(|&end| end <= codec.capacity()).ok_or_else(|| {
-                anyhow::anyhow!("counters {start}..{start}+{count} exceed the domain of {} codes", codec.capacity())
+            let keys = format.keys(&settings)?;
+            let capacity = keys.current().codec.capacity();
+            let end = start.checked_add(count).filter(|&end| end <= capacity).ok_or_else(|| {
+                anyhow::anyhow!("counters {start}..{start}+{count} exceed the domain of {capacity} codes")
             })?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            // A counter whose code an earlier key epoch made has none: nothing is printed for it.
             for counter in start..end {
-                writeln!(out, "{}", codec.encode(counter))?;
+                if let Some(code) = keys.encode(counter) {
+                    writeln!(out, "{code}")?;
+                }
             }
             out.flush()?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Codes(CodesCommand::Inspect { format, code }) => {
-            let codec = format.codec(&settings)?;
-            match codec.decode(code.trim()) {
-                Ok(counter) => {
-                    println!("{counter}");
+            let keys = format.keys(&settings)?;
+            match keys.locate(code.trim()) {
+                Ok(Some(located)) => {
+                    println!("{}", located.counter);
+                    if keys.all().len() > 1 {
+                        let epoch = &keys.all()[located.epoch as usize];
+                        eprintln!("key epoch {} (key_id {})", epoch.number, epoch.key_id);
+                    }
                     Ok(ExitCode::SUCCESS)
+                }
+                Ok(None) => {
+                    eprintln!("error: {:?} is well-formed, but none of the given keys makes it", code.trim());
+                    Ok(ExitCode::FAILURE)
                 }
                 Err(e) => {
                     eprintln!("error: invalid code {:?}: {e}", code.trim());

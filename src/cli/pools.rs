@@ -9,7 +9,7 @@ use crate::audit::Actor;
 use crate::cif::fence::{self, FencePolicy};
 use crate::config::Settings;
 
-/// `cifpool pools …` (connects to the database directly; `/admin/fence` does the same over HTTP).
+/// `cifpool pools …` (connects to the database directly; the `/admin/pools/…` routes do the same over HTTP).
 #[derive(Debug, Subcommand)]
 pub enum PoolsCommand {
     /// Fence every pool now: set its available and held codes aside, move its counter on by its
@@ -30,6 +30,21 @@ pub enum PoolsCommand {
         /// Commit the changes (refused while any line is not a valid code of a configured pool).
         #[arg(long)]
         apply: bool,
+    },
+    /// Start a new key epoch for a pool: from its next counter on, codes come from the key derived
+    /// with KEY_ID (never one the pool used before); available codes made under earlier keys are
+    /// discarded, and the pool is refilled under the new key. For a pool key that may be known outside.
+    RotateKey {
+        /// The pool (customer type).
+        pool: String,
+        /// The label the new key is derived with from the master key.
+        #[arg(long)]
+        key_id: String,
+    },
+    /// Say which pool, key epoch and counter a code comes from, and where it stands.
+    Locate {
+        /// The code.
+        code: String,
     },
 }
 
@@ -53,8 +68,38 @@ pub(super) async fn run_pools(db: &sqlx::PgPool, settings: &Settings, command: P
             );
         }
         PoolsCommand::Reconcile { file, apply } => reconcile(db, settings, file, apply, &actor).await?,
+        PoolsCommand::RotateKey { pool, key_id } => {
+            let rotation = service(db, settings).await?.rotate_key(&pool, &key_id, &actor).await?;
+            println!("{}", serde_json::to_string(&rotation)?);
+            let r = &rotation.rotated;
+            eprintln!(
+                "pool {}: key epoch {} (key_id {}, key check {}) encodes from counter {} on; {} available codes \
+                 of earlier keys discarded; refill added {}",
+                r.pool,
+                r.epoch,
+                r.key_id,
+                r.key_check,
+                r.first_counter,
+                r.available_discarded,
+                rotation.refill.codes_added
+            );
+        }
+        PoolsCommand::Locate { code } => {
+            let located = service(db, settings).await?.locate(code.trim()).await?;
+            println!("{}", serde_json::to_string(&located)?);
+        }
     }
     Ok(())
+}
+
+/// The pool operations on `db`, for the configured pools (their keys derived from the master key).
+async fn service(db: &sqlx::PgPool, settings: &Settings) -> anyhow::Result<crate::cif::Cif> {
+    use crate::cif::fence::IncarnationGuard;
+    let master = crate::keys::resolve::resolve_master_key(settings, false)?;
+    let pools = crate::cif::Pools::reconcile(db, &settings.pools, &master).await?;
+    let policy = FencePolicy::from_settings(settings);
+    let upkeep = tokio_util::task::TaskTracker::new();
+    Ok(crate::cif::Cif::new(db.clone(), std::sync::Arc::new(pools), upkeep, IncarnationGuard::new(), policy))
 }
 
 async fn reconcile(
@@ -64,8 +109,7 @@ async fn reconcile(
     apply: bool,
     actor: &Actor,
 ) -> anyhow::Result<()> {
-    let master = crate::keys::resolve::resolve_master_key(settings, false)?;
-    let pools = crate::cif::Pools::reconcile(db, &settings.pools, &master).await?;
+    let cif = service(db, settings).await?;
     let list: Box<dyn tokio::io::AsyncBufRead + Unpin + Send> = match file {
         Some(path) if path.as_os_str() != "-" => Box::new(tokio::io::BufReader::new(
             tokio::fs::File::open(&path).await.with_context(|| format!("opening {}", path.display()))?,
@@ -79,7 +123,7 @@ async fn reconcile(
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
     );
     let progress = |n: u64| bar.set_position(n);
-    let report = crate::cif::reconcile::reconcile(db, &pools, list, apply, actor, &progress).await;
+    let report = cif.reconcile(list, apply, actor, &progress).await;
     bar.finish_and_clear();
     let report = report?;
     println!("{}", serde_json::to_string(&report)?);

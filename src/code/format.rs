@@ -8,6 +8,7 @@
 use std::fmt::Write as _;
 
 use crate::code::check::CheckScheme;
+use crate::code::cipher::{Cipher, Permutation};
 use crate::code::feistel::{DomainError, FeistelPermutation, MAX_DIGITS, MIN_DIGITS};
 use crate::keys::PoolKey;
 
@@ -168,13 +169,25 @@ impl CodeFormat {
 #[derive(Debug, Clone)]
 pub struct PoolCodec {
     format: CodeFormat,
-    perm: FeistelPermutation,
+    perm: Permutation,
 }
 
 impl PoolCodec {
-    /// Builds the permutation for `format.digits()` under `key`.
+    /// The house Feistel permutation for `format.digits()` under `key` (the cipher of pools created
+    /// before FF1 was offered, and of `codes gen --key-hex` without `--cipher`).
     pub fn new(format: CodeFormat, key: &PoolKey) -> Result<Self, DomainError> {
-        let perm = FeistelPermutation::new(key, format.digits())?;
+        let perm = Permutation::Feistel(Box::new(FeistelPermutation::new(key, format.digits())?));
+        Ok(PoolCodec { format, perm })
+    }
+
+    /// `cipher`'s permutation for pool `pool_name` with `format`, under `key`.
+    pub fn with_cipher(
+        format: CodeFormat,
+        cipher: Cipher,
+        key: &PoolKey,
+        pool_name: &str,
+    ) -> Result<Self, DomainError> {
+        let perm = Permutation::new(cipher, key, pool_name, format.digits())?;
         Ok(PoolCodec { format, perm })
     }
 
@@ -184,7 +197,7 @@ impl PoolCodec {
     }
 
     /// The keyed permutation.
-    pub fn permutation(&self) -> &FeistelPermutation {
+    pub fn permutation(&self) -> &Permutation {
         &self.perm
     }
 
@@ -193,9 +206,11 @@ impl PoolCodec {
         self.perm.domain_size()
     }
 
-    /// The code for `counter`, which must be below [`Self::capacity`]; see [`FeistelPermutation::permute`].
+    /// The code for `counter`, which must be below [`Self::capacity`] (a counter beyond it is
+    /// formatted unpermuted: too long to be anyone's code, and refused by [`Self::decode`]).
     pub fn encode(&self, counter: u64) -> String {
-        self.format.format(self.perm.permute(counter))
+        debug_assert!(counter < self.capacity(), "counter {counter} outside the domain");
+        self.format.format(self.perm.try_permute(counter).unwrap_or(counter))
     }
 
     /// Checked [`Self::encode`] for callers that have not enforced the capacity bound.

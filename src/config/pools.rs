@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 use crate::code::check::CheckScheme;
+use crate::code::cipher::Cipher;
 use crate::code::format::CodeFormat;
 
 /// `[[pools]]`: one customer type's code pool.
@@ -22,8 +23,13 @@ pub struct PoolSettings {
     /// Check-digit scheme. Pinned.
     #[serde(default)]
     pub check: CheckScheme,
-    /// Label mixed into the pool's key derivation; a pool is re-keyed only by creating a new pool. Pinned.
+    /// Label mixed into the pool's key derivation: the key of the pool's first key epoch (later epochs
+    /// are started by `cifpool pools rotate-key` and recorded in the database). Pinned.
     pub key_id: String,
+    /// The keyed permutation: `ff1` (NIST SP 800-38G FF1) or `feistel` (the house construction).
+    /// Pinned. Unset: a new pool gets `ff1`, an existing pool keeps the cipher it was created with.
+    #[serde(default)]
+    pub cipher: Option<Cipher>,
     /// Refill when fewer codes than this are available (default 5,000).
     #[serde(default = "defaults::low_watermark")]
     pub low_watermark: u64,

@@ -1,4 +1,4 @@
-//! The console's actions. Each takes a CSRF-checked [`Action`] form, calls the domain function its
+//! The console's actions. Each takes a CSRF-checked [`Action`] form, calls the service method its
 //! `/admin` twin calls (so it leaves the same audit row, with the signed-in key as the actor), leaves a
 //! one-line notice and sends the browser back to its page.
 
@@ -7,18 +7,14 @@ use axum::response::{Html, Redirect};
 use minijinja::value::Serde;
 use serde::Deserialize;
 
-use crate::auth::api_key::{self, KeyError, NewKey};
+use crate::auth::api_key::{KeyError, NewKey};
+use crate::cif::CifError;
 use crate::cif::refill::RefillOptions;
-use crate::cif::{Pool, reclaim, upkeep};
 use crate::console::extract::{Action, ConsoleError, given};
 use crate::console::pages::{DeadLetterFilterForm, framed};
-use crate::queue::dlq::{self, DeadLetterAction, Replay};
+use crate::queue::dlq::{DeadLetterAction, Replay};
 use crate::queue::pause::PauseKind;
 use crate::state::AppState;
-
-fn pool(state: &AppState, name: &str) -> Result<std::sync::Arc<Pool>, ConsoleError> {
-    state.pools.get(name).cloned().ok_or_else(|| ConsoleError::NotFound(format!("no pool named {name:?}")))
-}
 
 /// The Refill button's form.
 #[derive(Debug, Deserialize)]
@@ -34,12 +30,9 @@ pub async fn refill(
     Path(name): Path<String>,
     Action(operator, form): Action<RefillForm>,
 ) -> Result<Redirect, ConsoleError> {
-    let pool = pool(&state, &name)?;
     let opts = RefillOptions { force: form.force.is_some(), actor: operator.actor.clone() };
-    tracing::info!(pool = pool.name(), force = opts.force, actor = %operator.actor.name, "console refill");
-    let summary = upkeep::refill_requested(&state.db, &state.upkeep, pool, opts)
-        .await
-        .map_err(|e| ConsoleError::Unavailable(format!("the refill task failed: {e}")))??;
+    tracing::info!(pool = name, force = opts.force, actor = %operator.actor.name, "console refill");
+    let summary = state.cif.refill(&name, opts).await?;
     let notice = format!(
         "Refill of {name}: {}, {} codes added in {} batches ({:.0} ms).",
         summary.outcome.label(),
@@ -56,8 +49,7 @@ pub async fn reclaim(
     Path(name): Path<String>,
     Action(operator, _): Action<serde::de::IgnoredAny>,
 ) -> Result<Redirect, ConsoleError> {
-    let pool = pool(&state, &name)?;
-    let summary = reclaim::reclaim(&state.db, &state.pools, Some(pool.id), &operator.actor).await?;
+    let summary = state.cif.reclaim(Some(&name), &operator.actor).await?;
     let notice = format!("Reclaim of {name}: {} expired holds returned.", summary.total);
     operator.done(&state, &notice, "/console/pools").await
 }
@@ -79,8 +71,8 @@ pub async fn pause(
         other => return Err(ConsoleError::NotFound(format!("no queue action named {other:?}"))),
     };
     let changed = state
-        .queue
-        .set_pause(&state.db, kind, &name, paused, &operator.actor)
+        .notifications
+        .set_pause(kind, &name, paused, &operator.actor)
         .await?
         .ok_or_else(|| ConsoleError::NotFound(format!("no {} named {name:?}", kind.as_str())))?;
     let notice = match (changed, paused) {
@@ -100,8 +92,8 @@ pub(crate) async fn dead_letter(
 ) -> Result<Redirect, ConsoleError> {
     let id: i64 = id.parse().map_err(|_| ConsoleError::BadRequest(format!("{id:?} is not a job id")))?;
     let done = match change.as_str() {
-        "retry" => dlq::retry_one(&state.db, id, 1, &operator.actor).await?,
-        "discard" => dlq::discard_one(&state.db, id, &operator.actor).await?,
+        "retry" => state.notifications.retry_dead_letter(id, 1, &operator.actor).await?,
+        "discard" => state.notifications.discard_dead_letter(id, &operator.actor).await?,
         other => return Err(ConsoleError::NotFound(format!("no dead-letter action named {other:?}"))),
     };
     let notice = match done {
@@ -155,7 +147,7 @@ pub(crate) async fn replay_preview(
     Action(operator, form): Action<ReplayForm>,
 ) -> Result<Result<Html<String>, Redirect>, ConsoleError> {
     let replay = form.replay()?;
-    let count = dlq::count(&state.db, &replay.filter, replay.max).await?;
+    let count = state.notifications.count_dead_letters(&replay.filter, replay.max).await?;
     if count == 0 {
         let back = form.filter.back()?;
         return Ok(Err(operator.done(&state, "No dead letters match that filter: nothing to replay.", &back).await?));
@@ -176,11 +168,24 @@ pub async fn replay(
     Action(operator, form): Action<ReplayForm>,
 ) -> Result<Redirect, ConsoleError> {
     let replay = form.replay()?;
-    let replayed = dlq::replay(&state.db, &replay, &operator.actor).await?;
+    let replayed = state.notifications.replay(&replay, &operator.actor).await?;
     tracing::info!(replayed, filter = ?replay.filter, rate = replay.rate_per_sec, actor = %operator.actor.name,
         "dead letters replayed from the console");
     let notice = format!("Replayed {replayed} dead letters, due at {} per second.", replay.rate_per_sec);
     operator.done(&state, &notice, &form.filter.back()?).await
+}
+
+impl From<CifError> for ConsoleError {
+    fn from(e: CifError) -> ConsoleError {
+        match e {
+            CifError::UnknownType { given, .. } => ConsoleError::NotFound(format!("no pool named {given:?}")),
+            CifError::Malformed(detail) | CifError::Invalid(detail) => ConsoleError::BadRequest(detail),
+            CifError::Conflict(detail) => ConsoleError::Conflict(detail),
+            e @ CifError::Halted => ConsoleError::Conflict(e.to_string()),
+            CifError::Interrupted(detail) => ConsoleError::Unavailable(detail),
+            CifError::Database(e) => e.into(),
+        }
+    }
 }
 
 impl From<KeyError> for ConsoleError {
@@ -205,7 +210,7 @@ pub async fn create_key(
     let tenants: Option<Vec<String>> = given(&field("tenants"))
         .map(|list| list.split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_string).collect());
     let new = NewKey { name: field("name").unwrap_or_default().trim().to_string(), scopes, tenants };
-    let created = api_key::create(&state.db, &operator.actor, &new).await?;
+    let created = state.auth.create_key(&operator.actor, &new).await?;
     tracing::info!(key = %created.name, scopes = ?created.scopes, actor = %operator.actor.name, "API key created from the console");
     framed(&operator, "key_created.html", "keys", "Key created", minijinja::context! { created => Serde(&created) })
 }
@@ -216,7 +221,7 @@ pub(crate) async fn revoke_key(
     Path(name): Path<String>,
     Action(operator, _): Action<serde::de::IgnoredAny>,
 ) -> Result<Redirect, ConsoleError> {
-    api_key::revoke(&state.db, &operator.actor, &name).await?;
+    state.auth.revoke_key(&operator.actor, &name).await?;
     tracing::info!(key = %name, actor = %operator.actor.name, "API key revoked from the console");
     operator.done(&state, &format!("Key {name} revoked."), "/console/keys").await
 }

@@ -8,13 +8,10 @@ use minijinja::Value;
 use minijinja::value::Serde;
 use serde::{Deserialize, Serialize};
 
-use crate::audit::{self, AuditQuery};
+use crate::audit::AuditQuery;
 use crate::auth::Scope;
-use crate::auth::api_key;
-use crate::cif::stats;
 use crate::console::extract::{ConsoleError, Operator, given, render};
-use crate::queue::dlq::{self, DlqFilter};
-use crate::queue::view;
+use crate::queue::dlq::DlqFilter;
 use crate::state::AppState;
 
 /// Dead letters listed per page.
@@ -81,8 +78,8 @@ struct PoolRow {
 
 /// Pools: depth, watermark, how much of the code space is used, last refill and reclaim.
 pub async fn pools(operator: Operator, State(state): State<AppState>) -> Result<Html<String>, ConsoleError> {
-    let depth = stats::pool_stats(&state.db, &state.pools).await?;
-    let upkeep = stats::pool_upkeep(&state.db).await?;
+    let depth = state.cif.pool_stats().await?;
+    let upkeep = state.cif.pool_upkeep().await?;
     let rows: Vec<PoolRow> = depth
         .into_iter()
         .map(|s| {
@@ -109,7 +106,7 @@ pub async fn pools(operator: Operator, State(state): State<AppState>) -> Result<
 
 /// Queue: per class and per provider, with pause and resume.
 pub async fn queue(operator: Operator, State(state): State<AppState>) -> Result<Html<String>, ConsoleError> {
-    let view = view::read(&state.db, &state.queue, &state.queue_stats).await?;
+    let view = state.notifications.view().await?;
     page(
         &operator,
         "queue",
@@ -148,12 +145,14 @@ pub(crate) async fn dead_letters(
     Query(form): Query<DeadLetterFilterForm>,
 ) -> Result<Html<String>, ConsoleError> {
     let filter = form.filter()?;
-    let jobs: Vec<_> = dlq::list(&state.db, &filter, DEAD_LETTERS_SHOWN)
+    let jobs: Vec<_> = state
+        .notifications
+        .dead_letters(&filter, DEAD_LETTERS_SHOWN)
         .await?
         .into_iter()
         .map(|j| minijinja::context! { died => when(j.finished_at), ..Value::from(Serde(&j)) })
         .collect();
-    let classes: Vec<&String> = state.queue.classes.keys().collect();
+    let classes: Vec<&String> = state.notifications.runtime().classes.keys().collect();
     let body = minijinja::context! {
         jobs => Serde(jobs), classes => Serde(classes), filter => Serde(filter), shown => DEAD_LETTERS_SHOWN,
         default_rate => 10, default_max => 1000,
@@ -163,7 +162,9 @@ pub(crate) async fn dead_letters(
 
 /// Keys: every key (never a secret), a form to create one, revoke buttons.
 pub async fn keys(operator: Operator, State(state): State<AppState>) -> Result<Html<String>, ConsoleError> {
-    let keys: Vec<_> = api_key::list(&state.db)
+    let keys: Vec<_> = state
+        .auth
+        .keys()
         .await?
         .into_iter()
         .map(|k| {
@@ -233,7 +234,7 @@ pub async fn audit(
         limit: Some(AUDIT_SHOWN),
     };
     query.validate().map_err(ConsoleError::BadRequest)?;
-    let found = audit::search(&state.db, &query).await?;
+    let found = state.audit.search(&query).await?;
     let events: Vec<_> = found
         .events
         .iter()

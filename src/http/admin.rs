@@ -9,13 +9,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::audit::{self, AuditQuery};
 use crate::auth::api_key::{self, KeyError, NewKey};
-use crate::cif::{fence, reclaim, refill::RefillOptions, upkeep};
+use crate::cif::refill::RefillOptions;
+use crate::cif::service::{FenceOutcome, Rotation};
 use crate::http::auth::{Authorized, needs};
 use crate::http::error::ApiError;
 use crate::queue::dlq::{self, DeadLetterAction, DlqFilter, Replay};
 use crate::queue::pause::PauseKind;
 use crate::queue::store::JobView;
-use crate::queue::view::{self, QueueView};
+use crate::queue::view::QueueView;
 use crate::state::AppState;
 
 type Admin = Authorized<needs::Admin>;
@@ -24,6 +25,7 @@ type Admin = Authorized<needs::Admin>;
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/admin/pools/{customer_type}/refill", post(refill))
+        .route("/admin/pools/{customer_type}/rotate-key", post(rotate_key))
         .route("/admin/reclaim", post(reclaim))
         .route("/admin/pools/fence", post(fence))
         .route("/admin/dlq", get(dlq_list))
@@ -53,21 +55,32 @@ async fn refill(
     Path(customer_type): Path<String>,
     Query(q): Query<RefillQuery>,
 ) -> Result<Json<impl Serialize>, ApiError> {
-    let pool = state
-        .pools
-        .get(&customer_type)
-        .ok_or_else(|| ApiError::NotFound(format!("unknown customer_type {customer_type:?}")))?;
-    tracing::info!(pool = pool.name(), force = q.force, actor = %auth.actor.name, "admin refill");
+    tracing::info!(pool = customer_type, force = q.force, actor = %auth.actor.name, "admin refill");
     let opts = RefillOptions { force: q.force, actor: auth.actor };
-    let summary = upkeep::refill_requested(&state.db, &state.upkeep, pool.clone(), opts)
-        .await
-        .map_err(|e| ApiError::Internal(anyhow::anyhow!("refill task: {e}")))??;
-    Ok(Json(summary))
+    Ok(Json(state.cif.refill(&customer_type, opts).await?))
+}
+
+/// The body of a key rotation.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RotateKey {
+    /// The label the new key is derived with; new to the pool.
+    key_id: String,
+}
+
+async fn rotate_key(
+    auth: Admin,
+    State(state): State<AppState>,
+    Path(customer_type): Path<String>,
+    Json(body): Json<RotateKey>,
+) -> Result<Json<Rotation>, ApiError> {
+    tracing::warn!(pool = customer_type, key_id = body.key_id, actor = %auth.actor.name, "admin key rotation");
+    Ok(Json(state.cif.rotate_key(&customer_type, &body.key_id, &auth.actor).await?))
 }
 
 async fn reclaim(auth: Admin, State(state): State<AppState>) -> Result<Json<impl Serialize>, ApiError> {
     tracing::info!(actor = %auth.actor.name, "admin reclaim");
-    Ok(Json(reclaim::reclaim(&state.db, &state.pools, None, &auth.actor).await?))
+    Ok(Json(state.cif.reclaim(None, &auth.actor).await?))
 }
 
 /// `POST /admin/pools/reconcile`: its body is a whole customer base, so it takes the batch body
@@ -91,12 +104,12 @@ async fn reconcile(
     Query(q): Query<ReconcileQuery>,
     body: axum::body::Body,
 ) -> Result<Json<crate::cif::reconcile::ReconcileReport>, ApiError> {
-    use crate::cif::reconcile::{self, ReconcileError};
+    use crate::cif::reconcile::ReconcileError;
     use futures_util::TryStreamExt;
     tracing::warn!(apply = q.apply, actor = %auth.actor.name, "admin reconcile");
     let stream = body.into_data_stream().map_err(std::io::Error::other);
     let list = tokio::io::BufReader::new(tokio_util::io::StreamReader::new(stream));
-    let report = reconcile::reconcile(&state.db, &state.pools, list, q.apply, &auth.actor, &|_| {}).await;
+    let report = state.cif.reconcile(list, q.apply, &auth.actor, &|_| {}).await;
     match report {
         Ok(report) if q.apply && !report.applied => Err(ApiError::Unprocessable(format!(
             "{} of {} lines are not codes of a configured pool, so nothing was applied; first: {}",
@@ -123,18 +136,9 @@ async fn fence(
     auth: Admin,
     State(state): State<AppState>,
     Query(q): Query<FenceQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<FenceOutcome>, ApiError> {
     tracing::warn!(accept = q.accept, actor = %auth.actor.name, "admin fence");
-    let answer = if q.accept {
-        let changed = fence::accept(&state.db, &auth.actor).await?;
-        serde_json::json!({ "outcome": "accepted", "changed": changed })
-    } else {
-        let policy = fence::FencePolicy::from_settings(&state.settings);
-        serde_json::to_value(fence::Checked::Fenced(fence::fence_now(&state.db, &policy, &auth.actor).await?))
-            .map_err(|e| ApiError::Internal(e.into()))?
-    };
-    state.incarnation.note(&fence::Checked::Same);
-    Ok(Json(answer))
+    Ok(Json(state.cif.fence(q.accept, &auth.actor).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -157,7 +161,7 @@ async fn dlq_list(
 ) -> Result<Json<DlqPage>, ApiError> {
     q.filter.validate().map_err(ApiError::BadRequest)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    Ok(Json(DlqPage { jobs: dlq::list(&state.db, &q.filter, limit).await? }))
+    Ok(Json(DlqPage { jobs: state.notifications.dead_letters(&q.filter, limit).await? }))
 }
 
 #[derive(Serialize)]
@@ -171,7 +175,7 @@ async fn dlq_replay(
     Json(req): Json<Replay>,
 ) -> Result<Json<Replayed>, ApiError> {
     req.validate().map_err(ApiError::Unprocessable)?;
-    let replayed = dlq::replay(&state.db, &req, &auth.actor).await?;
+    let replayed = state.notifications.replay(&req, &auth.actor).await?;
     tracing::info!(replayed, filter = ?req.filter, rate = req.rate_per_sec, actor = %auth.actor.name, "dead letters replayed");
     Ok(Json(Replayed { replayed }))
 }
@@ -192,7 +196,7 @@ async fn create_key(
     State(state): State<AppState>,
     Json(new): Json<NewKey>,
 ) -> Result<(StatusCode, Json<api_key::CreatedKey>), ApiError> {
-    let created = api_key::create(&state.db, &auth.actor, &new).await?;
+    let created = state.auth.create_key(&auth.actor, &new).await?;
     tracing::info!(key = %created.name, scopes = ?created.scopes, actor = %auth.actor.name, "API key created");
     Ok((StatusCode::CREATED, Json(created)))
 }
@@ -203,7 +207,7 @@ struct KeyList {
 }
 
 async fn list_keys(_: Admin, State(state): State<AppState>) -> Result<Json<KeyList>, ApiError> {
-    Ok(Json(KeyList { keys: api_key::list(&state.db).await? }))
+    Ok(Json(KeyList { keys: state.auth.keys().await? }))
 }
 
 async fn revoke_key(
@@ -211,7 +215,7 @@ async fn revoke_key(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    api_key::revoke(&state.db, &auth.actor, &name).await?;
+    state.auth.revoke_key(&auth.actor, &name).await?;
     tracing::info!(key = %name, actor = %auth.actor.name, "API key revoked");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -222,7 +226,7 @@ async fn audit_search(
     Query(q): Query<AuditQuery>,
 ) -> Result<Json<audit::AuditPage>, ApiError> {
     q.validate().map_err(ApiError::BadRequest)?;
-    Ok(Json(audit::search(&state.db, &q).await?))
+    Ok(Json(state.audit.search(&q).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -259,7 +263,7 @@ async fn dlq_retry(
     if !(1..=dlq::MAX_EXTRA_ATTEMPTS).contains(&q.extra_attempts) {
         return Err(ApiError::BadRequest(format!("extra_attempts must be between 1 and {}", dlq::MAX_EXTRA_ATTEMPTS)));
     }
-    dead_letter_answer(id, dlq::retry_one(&state.db, id, q.extra_attempts, &auth.actor).await?)
+    dead_letter_answer(id, state.notifications.retry_dead_letter(id, q.extra_attempts, &auth.actor).await?)
 }
 
 async fn dlq_discard(
@@ -268,11 +272,11 @@ async fn dlq_discard(
     Path(id): Path<String>,
 ) -> Result<Json<JobView>, ApiError> {
     let id = job_id(&id)?;
-    dead_letter_answer(id, dlq::discard_one(&state.db, id, &auth.actor).await?)
+    dead_letter_answer(id, state.notifications.discard_dead_letter(id, &auth.actor).await?)
 }
 
 async fn queue_view(_: Admin, State(state): State<AppState>) -> Result<Json<QueueView>, ApiError> {
-    Ok(Json(view::read(&state.db, &state.queue, &state.queue_stats).await?))
+    Ok(Json(state.notifications.view().await?))
 }
 
 #[derive(Serialize)]
@@ -291,7 +295,7 @@ async fn set_pause(
     name: String,
     paused: bool,
 ) -> Result<Json<PauseAnswer>, ApiError> {
-    match state.queue.set_pause(&state.db, kind, &name, paused, &auth.actor).await? {
+    match state.notifications.set_pause(kind, &name, paused, &auth.actor).await? {
         Some(changed) => Ok(Json(PauseAnswer { kind, name, paused, changed })),
         None => Err(ApiError::NotFound(format!("no {} named {name:?}", kind.as_str()))),
     }

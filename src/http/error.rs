@@ -106,6 +106,9 @@ impl From<crate::cif::CifError> for ApiError {
             CifError::UnknownType { .. } => ApiError::NotFound(e.to_string()),
             CifError::Malformed(detail) => ApiError::BadRequest(detail),
             CifError::Halted => ApiError::Unavailable { detail: e.to_string(), retry_after_secs: Some(60) },
+            CifError::Invalid(detail) => ApiError::Unprocessable(detail),
+            CifError::Conflict(detail) => ApiError::Conflict(detail),
+            CifError::Interrupted(detail) => ApiError::Internal(anyhow::anyhow!(detail)),
             CifError::Database(e) => ApiError::Database(e),
         }
     }

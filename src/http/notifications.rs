@@ -46,9 +46,9 @@ pub(crate) fn batch_router(state: &AppState) -> Router<AppState> {
 /// connection and a transaction while its body streams in, and a few chunks of memory; the permits
 /// bound how many this instance takes at once. Without one: 429.
 async fn one_of_few_batches(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let Ok(_permit) = state.queue.batch_permits.clone().try_acquire_owned() else {
+    let Some(_permit) = state.notifications.try_batch_permit() else {
         metrics::counter!("cifpool_queue_batches_refused_total").increment(1);
-        let busy = state.queue.settings.max_concurrent_batches;
+        let busy = state.settings.queue.max_concurrent_batches;
         return ApiError::TooManyRequests {
             retry_after_secs: 1,
             detail: format!(

@@ -189,7 +189,7 @@ pub async fn replay(db: &PgPool, req: &Replay, actor: &Actor) -> Result<u64, sql
 
 /// What a retry or a discard of one dead letter did.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum DeadLetterAction {
+pub enum DeadLetterAction {
     /// Done: the job as it is now.
     Done(crate::queue::store::JobView),
     /// The job is not a dead letter (its current status).

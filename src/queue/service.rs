@@ -17,6 +17,8 @@ use crate::queue::runtime::QueueRuntime;
 use crate::queue::stats::QueueStats;
 use crate::queue::store::{self, JobView};
 
+mod operator;
+
 /// The queue operations of one instance. Cheap to clone.
 #[derive(Clone)]
 pub struct Queue {

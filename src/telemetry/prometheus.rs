@@ -33,7 +33,7 @@ pub fn metrics_handle() -> PrometheusHandle {
 /// Creates the event counters at zero, so an alert's `increase()` sees the first event after a
 /// restart (a counter that first appears at 1 has no earlier sample to increase from).
 pub(crate) fn register_event_counters(state: &crate::state::AppState) {
-    for pool in state.pools.iter() {
+    for pool in state.cif.pools().iter() {
         for name in [
             "cifpool_pool_empty_total",
             "cifpool_reclaimed_total",
@@ -44,7 +44,7 @@ pub(crate) fn register_event_counters(state: &crate::state::AppState) {
             metrics::counter!(name, "pool" => pool.name().to_string()).absolute(0);
         }
     }
-    for class in state.queue.classes.keys() {
+    for class in state.notifications.runtime().classes.keys() {
         for name in [
             "cifpool_queue_expired_total",
             "cifpool_queue_dead_total",

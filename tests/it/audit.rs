@@ -8,7 +8,7 @@ use common::{TEST_ADMIN_TOKEN, TestApp, client_with_key, fresh_database, spawn_p
 use serde_json::{Value, json};
 
 async fn fill(app: &TestApp) {
-    let pool = app.state.pools.get("individual").unwrap();
+    let pool = app.state.cif.pools().get("individual").unwrap();
     refill(&app.state.db, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
 }
 
@@ -104,7 +104,7 @@ async fn release_replay_reclaim_refill_and_admin_actions_are_recorded_by_their_a
         .execute(&db.pool)
         .await
         .unwrap();
-    cifpool::cif::reclaim::reclaim(&app.state.db, &app.state.pools, None, &cifpool::audit::Actor::system())
+    cifpool::cif::reclaim::reclaim(&app.state.db, app.state.cif.pools(), None, &cifpool::audit::Actor::system())
         .await
         .unwrap();
     let reclaimed = trail(&app, &format!("cif={lapsed}&action=cif.reclaimed")).await;

@@ -312,7 +312,7 @@ async fn the_unversioned_cif_paths_are_the_v1_handlers() {
     let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
     cifpool::cif::refill::refill(
         &app.state.db,
-        app.state.pools.get("individual").unwrap(),
+        app.state.cif.pools().get("individual").unwrap(),
         cifpool::cif::refill::RefillOptions { force: true, ..Default::default() },
     )
     .await

@@ -37,7 +37,7 @@ async fn enqueue(e: &Env, tenant: &str) -> reqwest::Response {
 }
 
 async fn refresh(e: &Env) {
-    e.app.state.queue_stats.refresh_now(&e.app.state.db, &e.app.state.queue).await.unwrap();
+    e.app.state.notifications.stats().refresh_now(&e.app.state.db, e.app.state.notifications.runtime()).await.unwrap();
 }
 
 /// 30 jobs that left the queue in the last 30 s make a drain of 1 job/s (older finishes and
@@ -59,7 +59,7 @@ async fn the_drain_rate_counted_from_finished_jobs_decides_who_is_refused() {
     jobs(&e, "earlier", "discarded", 10, Some(1.0)).await; // a person's clean-up, not the queue draining
     jobs(&e, "shop", "pending", 20, None).await;
     refresh(&e).await;
-    let stats = e.app.state.queue_stats.get("promo").unwrap();
+    let stats = e.app.state.notifications.stats().get("promo").unwrap();
     assert!((stats.drain_per_s - 1.0).abs() < 1e-9, "drain {} jobs/s", stats.drain_per_s);
     assert_eq!(stats.pending, 20);
 
@@ -73,7 +73,7 @@ async fn the_drain_rate_counted_from_finished_jobs_decides_who_is_refused() {
     // Another 600 finishes in the last second: 630 in the window, 21 jobs/s.
     jobs(&e, "earlier", "sent", 600, Some(1.0)).await;
     refresh(&e).await;
-    assert!((e.app.state.queue_stats.get("promo").unwrap().drain_per_s - 21.0).abs() < 1e-9);
+    assert!((e.app.state.notifications.stats().get("promo").unwrap().drain_per_s - 21.0).abs() < 1e-9);
     assert_eq!(enqueue(&e, "shop").await.status(), 202);
 }
 
@@ -92,6 +92,6 @@ async fn a_fast_drain_is_measured_from_its_newest_finishes() {
     .await
     .unwrap();
     refresh(&e).await;
-    let drain = e.app.state.queue_stats.get("promo").unwrap().drain_per_s;
+    let drain = e.app.state.notifications.stats().get("promo").unwrap().drain_per_s;
     assert!((950.0..=1050.0).contains(&drain), "drain {drain} jobs/s");
 }

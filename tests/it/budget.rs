@@ -81,7 +81,7 @@ async fn three_instances_never_exceed_the_provider_budget_and_a_dead_ones_share_
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let victim = apps.pop().unwrap();
-    let dead = victim.state.queue.member;
+    let dead = victim.state.notifications.runtime().member;
     let victim_timeout = victim.state.settings.queue.providers["sms"].timeout;
     victim.kill();
     // Its share stays counted until its lease (6 s) expires, then goes back to the others: the lease
@@ -103,7 +103,7 @@ async fn three_instances_never_exceed_the_provider_budget_and_a_dead_ones_share_
         .execute(&db.pool)
         .await
         .unwrap();
-    apps[0].state.queue.sync_budgets(&db.pool).await;
+    apps[0].state.notifications.runtime().sync_budgets(&db.pool).await;
     let rows = count(&db.pool, &format!("SELECT count(*) FROM provider_shares WHERE member = '{dead}'")).await;
     assert_eq!(rows, 0, "a live pod's sync left the expired share in place");
     all_sent(&db.pool, 3000, Duration::from_secs(120)).await;
@@ -149,20 +149,28 @@ async fn retry_after_pauses_the_provider_on_every_pod_without_spending_attempts(
     let attempts =
         count(&e.db.pool, &format!("SELECT attempts::int8 FROM notification_jobs WHERE id = {}", ids[0])).await;
     assert_eq!(attempts, 0, "the throttled call gave its attempt back");
-    assert_eq!(e.app.state.queue.providers["sms"].budget.room(), Room::Closed, "closed at once where it was told");
+    assert_eq!(
+        e.app.state.notifications.runtime().providers["sms"].budget.room(),
+        Room::Closed,
+        "closed at once where it was told"
+    );
     assert!(on_a.claim(8).await.unwrap().is_empty());
-    assert_ne!(b.state.queue.providers["sms"].budget.room(), Room::Closed, "b has not synced yet");
-    e.app.state.queue.sync_budgets(&e.db.pool).await;
-    b.state.queue.sync_budgets(&b.state.db).await;
-    assert_eq!(b.state.queue.providers["sms"].budget.room(), Room::Closed, "b closed at its next sync");
+    assert_ne!(b.state.notifications.runtime().providers["sms"].budget.room(), Room::Closed, "b has not synced yet");
+    e.app.state.notifications.runtime().sync_budgets(&e.db.pool).await;
+    b.state.notifications.runtime().sync_budgets(&b.state.db).await;
+    assert_eq!(
+        b.state.notifications.runtime().providers["sms"].budget.room(),
+        Room::Closed,
+        "b closed at its next sync"
+    );
     assert!(on_b.claim(8).await.unwrap().is_empty(), "b claims nothing for the paused provider");
     assert_eq!(e.sms.fake.report().calls, 1);
 
     // Once Retry-After has passed, the next syncs open it again and both jobs go out.
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    e.app.state.queue.sync_budgets(&e.db.pool).await;
-    b.state.queue.sync_budgets(&b.state.db).await;
-    assert_ne!(b.state.queue.providers["sms"].budget.room(), Room::Closed);
+    e.app.state.notifications.runtime().sync_budgets(&e.db.pool).await;
+    b.state.notifications.runtime().sync_budgets(&b.state.db).await;
+    assert_ne!(b.state.notifications.runtime().providers["sms"].budget.room(), Room::Closed);
     let mut sent = drain(&on_b).await;
     sent.sort_by_key(|o| format!("{o:?}"));
     assert_eq!(sent, vec![Outcome::Sent(ids[0]), Outcome::Sent(ids[1])]);

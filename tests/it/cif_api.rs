@@ -14,7 +14,7 @@ use common::{
 use serde_json::{Value, json};
 
 pub(crate) fn pool<'a>(app: &'a TestApp, name: &str) -> &'a Pool {
-    app.state.pools.get(name).unwrap()
+    app.state.cif.pools().get(name).unwrap()
 }
 
 pub(crate) async fn fill(app: &TestApp, name: &str) {
@@ -144,7 +144,8 @@ async fn expired_hold_is_reclaimed_old_token_gets_409_next_holder_confirms() {
         (r["cif"].as_str().unwrap().to_string(), r["reservation_token"].as_str().unwrap().to_string());
 
     // Nothing to reclaim while the lease runs.
-    let none = reclaim::reclaim(&app.state.db, &app.state.pools, None, &cifpool::audit::Actor::system()).await.unwrap();
+    let none =
+        reclaim::reclaim(&app.state.db, app.state.cif.pools(), None, &cifpool::audit::Actor::system()).await.unwrap();
     assert_eq!(none.total, 0);
 
     // The pod died: let its lease run out (moved into the past rather than slept through).
@@ -189,7 +190,7 @@ async fn release_returns_the_code_and_extend_renews_the_lease() {
     assert_eq!(ext.status(), 200);
     let ext: Value = ext.json().await.unwrap();
     let renewed: chrono::DateTime<chrono::Utc> = ext["lease_expires_at"].as_str().unwrap().parse().unwrap();
-    let ttl = app.state.pools.get("business").unwrap().settings.lease_ttl;
+    let ttl = app.state.cif.pools().get("business").unwrap().settings.lease_ttl;
     let ahead = (renewed - chrono::Utc::now()).to_std().unwrap_or_default();
     assert!(ahead > ttl - Duration::from_secs(30) && ahead <= ttl, "renewed {ahead:?} ahead, lease_ttl {ttl:?}");
     let stored: chrono::DateTime<chrono::Utc> =
@@ -246,7 +247,7 @@ async fn concurrent_refills_on_two_instances_never_duplicate_a_counter() {
     for i in 0..8 {
         let state = if i % 2 == 0 { a.state.clone() } else { b.state.clone() };
         runs.push(tokio::spawn(async move {
-            let p = state.pools.get("individual").unwrap().clone();
+            let p = state.cif.pools().get("individual").unwrap().clone();
             refill(&state.db, &p, RefillOptions { force: true, ..Default::default() }).await.unwrap()
         }));
     }

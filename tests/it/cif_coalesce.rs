@@ -23,7 +23,7 @@ fn actor(i: usize) -> Actor {
 async fn one_statement_reserves_for_many_each_with_its_own_holder_token_and_audit_row() {
     let db = fresh_database().await;
     let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
-    let pool = app.state.pools.get("individual").unwrap();
+    let pool = app.state.cif.pools().get("individual").unwrap();
     refill(&db.pool, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
     let requests: Vec<Request> =
         (0..5).map(|i| Request { holder: Some(format!("pod-{i}")), actor: actor(i) }).collect();
@@ -85,7 +85,7 @@ fn batch_statements(pool: &str) -> (f64, f64) {
 async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_codes() {
     let db = fresh_database().await;
     let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
-    let pool = app.state.pools.get("business").unwrap();
+    let pool = app.state.cif.pools().get("business").unwrap();
     refill(&db.pool, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
     let (statements_before, reservations_before) = batch_statements("business");
     // The first finds no statement running and claims alone; the other 63 join the queue before a
@@ -122,7 +122,7 @@ async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_code
 async fn sixty_four_concurrent_requests_with_sixteen_shared_keys_get_exactly_sixteen_codes() {
     let db = fresh_database().await;
     let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
-    let pool = app.state.pools.get("individual").unwrap();
+    let pool = app.state.cif.pools().get("individual").unwrap();
     refill(&db.pool, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
     let tasks: Vec<_> = (0..64)
         .map(|i| {

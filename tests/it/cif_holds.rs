@@ -29,7 +29,7 @@ async fn state_of(app: &TestApp, cif: &str) -> Value {
 }
 
 async fn reclaim_now(app: &TestApp) -> u64 {
-    reclaim::reclaim(&app.state.db, &app.state.pools, None, &Actor::system()).await.unwrap().total
+    reclaim::reclaim(&app.state.db, app.state.cif.pools(), None, &Actor::system()).await.unwrap().total
 }
 
 /// Audit rows of `action` about `cif` after audit row `after`.
@@ -172,7 +172,7 @@ async fn an_idempotency_key_replays_for_twenty_four_hours_and_is_purged_after() 
     age("23 hours 59 minutes").await;
     let (status, again) = reserve_with_key(&app, "application-7").await;
     assert_eq!((status, &again), (200, &first), "within the window: the same reservation");
-    let summary = reclaim::reclaim(&db.pool, &app.state.pools, None, &Actor::system()).await.unwrap();
+    let summary = reclaim::reclaim(&db.pool, app.state.cif.pools(), None, &Actor::system()).await.unwrap();
     assert_eq!(summary.idempotency_purged, 0, "a key inside its window is kept");
 
     age("24 hours 1 second").await;

@@ -72,7 +72,8 @@ fn pool_from_config_matches_explicit_flags() {
     let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
     write!(
         f,
-        "[[pools]]\nname = \"sme\"\nprefix = \"4\"\ndigits = 8\ncheck = \"luhn\"\nkey_id = \"2027\"\nlow_watermark = 10\n\
+        "[[pools]]\nname = \"sme\"\nprefix = \"4\"\ndigits = 8\ncheck = \"luhn\"\ncipher = \"feistel\"\nkey_id = \"2027\"\n\
+         low_watermark = 10\n\
          batch_size = 10\nmax_batches_per_run = 1\nlease_ttl = \"1m\"\nrefill_schedule = \"*/15 * * * * *\"\n\
          reclaim_schedule = \"*/30 * * * * *\"\n"
     )
@@ -114,6 +115,29 @@ fn pool_from_config_matches_explicit_flags() {
         "5",
     ]));
     assert_ne!(via_pool, other_key_id, "the key id re-keys the pool");
+}
+
+#[test]
+fn ff1_codes_and_later_key_epochs_round_trip_through_gen_and_inspect() {
+    let flags = ["--digits", "6", "--prefix", "9", "--key-hex", KEY, "--pool", "retail", "--cipher", "ff1"];
+    let ff1 = stdout(&cifpool(&[&["codes", "gen", "--count", "20"][..], &flags].concat()));
+    let feistel = stdout(&cifpool(&[&["codes", "gen", "--count", "20"][..], &flags[..8]].concat()));
+    assert_ne!(ff1, feistel, "--cipher picks the permutation; without it, the Feistel one");
+    for (counter, code) in ff1.lines().enumerate() {
+        let out = stdout(&cifpool(&[&["codes", "inspect"][..], &flags, &[code]].concat()));
+        assert_eq!(out.trim(), counter.to_string());
+    }
+    // A second key epoch from counter 10: counters 10.. come from key "r2", skipping any code the
+    // first key made for counters 0..10, and inspect names the epoch.
+    let epoch = [&flags[..], &["--epoch", "r2@10"]].concat();
+    let rotated = stdout(&cifpool(&[&["codes", "gen", "--count", "20"][..], &epoch].concat()));
+    let rotated: Vec<&str> = rotated.lines().collect();
+    assert_eq!(rotated[..10], ff1.lines().take(10).collect::<Vec<_>>()[..], "epoch 0 keeps its codes");
+    assert!(rotated[10..].iter().all(|c| !ff1.lines().take(10).any(|old| old == *c)));
+    let out = cifpool(&[&["codes", "inspect"][..], &epoch, &[rotated[10]]].concat());
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "10");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("key epoch 1 (key_id r2)"));
 }
 
 #[test]

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use sqlx::Connection;
 
 pub(crate) async fn fill(app: &TestApp) {
-    let pool = app.state.pools.get("individual").unwrap();
+    let pool = app.state.cif.pools().get("individual").unwrap();
     let summary = refill(&app.state.db, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
     assert_eq!(summary.outcome, RefillOutcome::Refilled, "{summary:?}");
 }
@@ -184,7 +184,7 @@ async fn with_halt_nothing_is_issued_until_an_operator_fences() {
     let r = app.client.post(app.url("/v1/cif")).json(&json!({ "customer_type": "individual" })).send().await.unwrap();
     let problem = common::assert_problem(r, 503).await;
     assert!(problem["detail"].as_str().unwrap().contains("cifpool pools fence"), "{problem}");
-    let pool = app.state.pools.get("individual").unwrap();
+    let pool = app.state.cif.pools().get("individual").unwrap();
     let summary = refill(&app.state.db, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
     assert_eq!((summary.outcome, summary.codes_added), (RefillOutcome::Halted, 0));
     assert!(fences(&restored).await.is_empty(), "nothing fenced without the operator");

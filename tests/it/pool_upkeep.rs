@@ -23,7 +23,7 @@ async fn passive() -> (TestDb, TestApp) {
 /// stop answering `busy`.
 async fn other_instance_refill(url: &str, app: &TestApp) -> RefillOutcome {
     let other = PgPool::connect(url).await.unwrap();
-    let pool = app.state.pools.get("individual").unwrap();
+    let pool = app.state.cif.pools().get("individual").unwrap();
     let by = Instant::now() + Duration::from_secs(5);
     loop {
         let outcome = refill(&other, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap().outcome;
@@ -38,7 +38,7 @@ async fn other_instance_refill(url: &str, app: &TestApp) -> RefillOutcome {
 async fn a_refill_dropped_while_it_holds_the_lock_does_not_leave_the_pool_busy() {
     let (db, app) = passive().await;
     let blocker = block_counter(&db.pool, "individual").await;
-    let pool = app.state.pools.get("individual").unwrap();
+    let pool = app.state.cif.pools().get("individual").unwrap();
     // Drop the run only once it is waiting for the counter, that is, holding the pool's advisory lock.
     let mut running = Box::pin(refill(&app.state.db, pool, RefillOptions::default()));
     tokio::select! {
@@ -73,7 +73,7 @@ async fn an_admin_refill_whose_client_gives_up_finishes_and_releases_the_lock() 
 #[tokio::test]
 async fn an_empty_pool_starts_one_refill_not_one_per_refused_reservation() {
     let (_db, app) = passive().await;
-    let pool = app.state.pools.get("business").unwrap();
+    let pool = app.state.cif.pools().get("business").unwrap();
     // A burst of reservations finding the pool empty, before any spawned task can run (this test's
     // runtime has one thread, and the loop does not yield).
     for _ in 0..1000 {

@@ -139,7 +139,7 @@ async fn age_last_cut(e: &Env) {
 async fn one_send_then_sync(e: &Env) -> Outcome {
     e.enqueue("transactional", "bank", 1).await;
     let outcome = e.group(Strategy::Priority, 0).try_execute_next().await.unwrap();
-    e.app.state.queue.sync_budgets(&e.db.pool).await;
+    e.app.state.notifications.runtime().sync_budgets(&e.db.pool).await;
     outcome
 }
 
@@ -191,7 +191,7 @@ async fn a_job_waiting_for_its_provider_keeps_its_lease_and_one_that_lost_it_is_
         (sms.max_concurrency, sms.min_concurrency) = (1, 1);
     })
     .await;
-    let budget = e.app.state.queue.providers["sms"].budget.clone();
+    let budget = e.app.state.notifications.runtime().providers["sms"].budget.clone();
     let lease_of = |id: i64| {
         let pool = e.db.pool.clone();
         async move {
@@ -219,7 +219,7 @@ async fn a_job_waiting_for_its_provider_keeps_its_lease_and_one_that_lost_it_is_
     assert!(now_until > claimed_until && now_until > chrono::Utc::now(), "lease {claimed_until} -> {now_until}");
     assert_eq!(store::rescue_expired_leases(&e.db.pool, 100).await.unwrap(), 0, "a kept lease was rescued");
     drop(slot);
-    e.app.state.queue.sync_budgets(&e.db.pool).await;
+    e.app.state.notifications.runtime().sync_budgets(&e.db.pool).await;
     assert_eq!(joined(waiting).await, Outcome::Sent(id));
     assert_eq!(e.sms.fake.report().calls, 1);
 

@@ -56,9 +56,9 @@ async fn priority_claims_a_new_otp_before_older_promo_and_fifo_does_not() {
 /// unit, so the share is full but could grow: the deployment-wide budget is far from used.
 async fn shrink_share(e: &Env, provider: &str) -> Arc<ProviderBudget> {
     for _ in 0..12 {
-        e.app.state.queue.sync_budgets(&e.app.state.db).await;
+        e.app.state.notifications.runtime().sync_budgets(&e.app.state.db).await;
     }
-    e.app.state.queue.providers[provider].budget.clone()
+    e.app.state.notifications.runtime().providers[provider].budget.clone()
 }
 
 /// The claim keeps the group's order when the head job's provider is merely slow to grant this pod a
@@ -69,7 +69,7 @@ async fn a_full_share_that_can_grow_holds_the_claim_at_the_head_of_the_order() {
     let e = env().await;
     let promo = e.enqueue("promo", "shop", 3).await;
     let otp = e.enqueue("otp", "auth", 2).await;
-    let (db, queue) = (&e.app.state.db, &e.app.state.queue);
+    let (db, queue) = (&e.app.state.db, &e.app.state.notifications.runtime());
 
     let priority = e.group(Strategy::Priority, 0);
     let sms = shrink_share(&e, "sms").await;
@@ -119,7 +119,7 @@ async fn a_provider_at_the_deployment_limit_is_stepped_over() {
     .await;
     let promo = e.enqueue("promo", "shop", 1).await;
     let otp = e.enqueue("otp", "auth", 1).await;
-    let budget = e.app.state.queue.providers["sms"].budget.clone();
+    let budget = e.app.state.notifications.runtime().providers["sms"].budget.clone();
     let permit = budget.try_acquire().expect("the one unit");
     assert_eq!(budget.room(), Room::AtLimit);
     let priority = e.group(Strategy::Priority, 0);
@@ -159,7 +159,7 @@ async fn transient_failures_retry_through_the_queue_then_die_and_replay_revives(
     e.push.fake.set_behaviour(FakeBehaviour { error_rate: 1.0, ..Default::default() });
     let id = e.enqueue("promo", "shop", 1).await[0];
     let group = e.group(Strategy::Priority, 0);
-    let settings = &e.app.state.queue.classes["promo"].settings;
+    let settings = &e.app.state.notifications.runtime().classes["promo"].settings;
     let max_attempts = settings.max_attempts as i32;
     let mut delays = Vec::new();
     for attempt in 1..max_attempts {
@@ -372,7 +372,7 @@ async fn tenant_weights_give_a_heavier_tenant_more_turns() {
 #[tokio::test]
 async fn per_tenant_in_flight_cap_holds_between_claims() {
     let e = env().await;
-    let cap = e.app.state.queue.classes["promo"].settings.tenant_inflight_cap as usize;
+    let cap = e.app.state.notifications.runtime().classes["promo"].settings.tenant_inflight_cap as usize;
     e.batch("promo", "big", cap * 3).await;
     let group = e.group(Strategy::Priority, 0);
     let mut held = Vec::new();
@@ -396,7 +396,7 @@ async fn per_tenant_in_flight_cap_holds_between_claims() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_claims_fill_a_tenant_cap_exactly() {
     let e = env().await;
-    let cap = e.app.state.queue.classes["promo"].settings.tenant_inflight_cap as usize;
+    let cap = e.app.state.notifications.runtime().classes["promo"].settings.tenant_inflight_cap as usize;
     e.batch("promo", "big", cap * 4).await;
     let group = e.group(Strategy::Priority, 0);
     let claims: Vec<_> = (0..16)
@@ -417,7 +417,7 @@ async fn racing_claims_fill_a_tenant_cap_exactly() {
 #[tokio::test]
 async fn backpressure_rejects_bulk_with_retry_after_but_always_takes_otp() {
     let e = env().await;
-    e.app.state.queue_stats.set(
+    e.app.state.notifications.stats().set(
         "promo",
         ClassStats { pending: 1_000_000, oldest_age_s: 60.0, drain_per_s: 10.0, ..ClassStats::default() },
     );
@@ -443,14 +443,16 @@ async fn backpressure_rejects_bulk_with_retry_after_but_always_takes_otp() {
     assert_problem(r, 429).await;
     e.app
         .state
-        .queue_stats
+        .notifications
+        .stats()
         .set("otp", ClassStats { pending: 1_000_000, oldest_age_s: 600.0, drain_per_s: 1.0, ..ClassStats::default() });
     e.enqueue("otp", "auth", 1).await;
     assert_eq!(e.count("SELECT count(*) FROM notification_jobs").await, 1, "only the OTP was written");
     // Under the target, bulk is accepted again.
     e.app
         .state
-        .queue_stats
+        .notifications
+        .stats()
         .set("promo", ClassStats { pending: 10, oldest_age_s: 1.0, drain_per_s: 100.0, ..ClassStats::default() });
     e.enqueue("promo", "shop", 1).await;
 }
@@ -471,7 +473,7 @@ async fn one_tenants_flood_is_refused_and_another_tenant_is_still_accepted_and_s
     .execute(&e.db.pool)
     .await
     .unwrap();
-    e.app.state.queue_stats.refresh_now(&e.app.state.db, &e.app.state.queue).await.unwrap();
+    e.app.state.notifications.stats().refresh_now(&e.app.state.db, e.app.state.notifications.runtime()).await.unwrap();
     let post = |tenant: &str| {
         e.app
             .client
@@ -496,7 +498,8 @@ async fn defer_mode_accepts_overload_but_schedules_it_later() {
     let e = env_with(|s| s.queue.overload = OverloadMode::Defer).await;
     e.app
         .state
-        .queue_stats
+        .notifications
+        .stats()
         .set("promo", ClassStats { pending: 100_000, oldest_age_s: 10.0, drain_per_s: 10.0, ..ClassStats::default() });
     let id = e.enqueue("promo", "shop", 1).await[0];
     let later: bool =
@@ -507,7 +510,10 @@ async fn defer_mode_accepts_overload_but_schedules_it_later() {
             .unwrap();
     assert!(later, "deferred by the predicted wait beyond the target");
     assert_eq!(e.status(id).await, "scheduled", "out of the claim order until it is due");
-    assert_eq!(intake::admit(&e.app.state.queue, &e.app.state.queue_stats, "otp"), intake::Admission::Accept);
+    assert_eq!(
+        intake::admit(e.app.state.notifications.runtime(), e.app.state.notifications.stats(), "otp"),
+        intake::Admission::Accept
+    );
 }
 
 #[tokio::test]
@@ -689,7 +695,7 @@ async fn explicit_groups_from_config_replace_the_preset() {
         }];
     })
     .await;
-    let groups = e.app.state.queue.group_policies();
+    let groups = e.app.state.notifications.runtime().group_policies();
     assert_eq!(groups.len(), 1);
     assert_eq!(groups[0].name, "only-transactional");
 }
@@ -730,7 +736,7 @@ async fn a_job_that_keeps_killing_its_worker_is_dead_lettered_by_the_sweep() {
     let e = env().await;
     let id = e.enqueue("otp", "auth", 1).await[0];
     let group = e.group(Strategy::Priority, 0);
-    let max = e.app.state.queue.classes["otp"].settings.max_attempts;
+    let max = e.app.state.notifications.runtime().classes["otp"].settings.max_attempts;
     for round in 1..=max {
         // A worker claims it and dies mid-send: only the lease sweep notices.
         assert_eq!(group.claim(1).await.unwrap().len(), 1, "round {round}");
@@ -752,7 +758,8 @@ async fn an_idempotent_retry_gets_its_job_even_while_intake_sheds_load() {
         e.app.client.post(e.app.url("/v1/notifications")).json(&body).send().await.unwrap().json().await.unwrap();
     e.app
         .state
-        .queue_stats
+        .notifications
+        .stats()
         .set("promo", ClassStats { pending: 1_000_000, oldest_age_s: 60.0, drain_per_s: 1.0, ..ClassStats::default() });
     let again = e.app.client.post(e.app.url("/v1/notifications")).json(&body).send().await.unwrap();
     assert_eq!(again.status(), 200);

@@ -314,11 +314,11 @@ async fn a_pause_reaches_every_pod_at_its_next_sync_and_resume_restarts_claims()
         r.json::<Value>().await.unwrap(),
         json!({ "kind": "class", "name": "promo", "paused": true, "changed": true })
     );
-    assert!(!e.app.state.queue.claimable("promo"), "the pod that took the pause applies it at once");
+    assert!(!e.app.state.notifications.runtime().claimable("promo"), "the pod that took the pause applies it at once");
     assert!(on_a.claim(8).await.unwrap().is_empty());
-    assert!(b.state.queue.claimable("promo"), "b has not synced yet");
-    b.state.queue.refresh_pauses(&b.state.db).await.unwrap();
-    assert!(!b.state.queue.claimable("promo"));
+    assert!(b.state.notifications.runtime().claimable("promo"), "b has not synced yet");
+    b.state.notifications.runtime().refresh_pauses(&b.state.db).await.unwrap();
+    assert!(!b.state.notifications.runtime().claimable("promo"));
     assert!(on_b.claim(8).await.unwrap().is_empty(), "b claims no promo once it has synced");
     // What b took before the pause is still sent.
     let id = claimed_before.id;
@@ -341,16 +341,16 @@ async fn a_pause_reaches_every_pod_at_its_next_sync_and_resume_restarts_claims()
     let r = admin_post(&b, "/admin/queue/classes/promo/resume").await;
     assert_eq!(r.json::<Value>().await.unwrap()["changed"], true);
     assert!(on_b.claim(1).await.unwrap().iter().all(|j| j.class == "promo"), "b resumed at once");
-    assert!(!e.app.state.queue.claimable("promo"), "a has not synced yet");
-    e.app.state.queue.refresh_pauses(&e.app.state.db).await.unwrap();
+    assert!(!e.app.state.notifications.runtime().claimable("promo"), "a has not synced yet");
+    e.app.state.notifications.runtime().refresh_pauses(&e.app.state.db).await.unwrap();
     assert_eq!(on_a.claim(1).await.unwrap().len(), 1, "a claims promo again after its sync");
 
     // A provider pause stops every class it sends, and only those.
     let r = admin_post(&e.app, "/admin/queue/providers/push/pause").await;
     assert_eq!(r.status(), 200);
-    b.state.queue.refresh_pauses(&b.state.db).await.unwrap();
-    assert!(!b.state.queue.claimable("promo"), "promo goes through push");
-    assert!(b.state.queue.claimable("otp"), "classes of other providers go on");
+    b.state.notifications.runtime().refresh_pauses(&b.state.db).await.unwrap();
+    assert!(!b.state.notifications.runtime().claimable("promo"), "promo goes through push");
+    assert!(b.state.notifications.runtime().claimable("otp"), "classes of other providers go on");
     assert_problem(admin_post(&e.app, "/admin/queue/classes/nope/pause").await, 404).await;
     let audited: i64 =
         sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE action IN ('queue.paused', 'queue.resumed')")
@@ -400,9 +400,15 @@ async fn a_dead_letter_can_be_retried_or_discarded_by_id() {
 async fn observe_mode_admits_what_reject_would_refuse_and_counts_it() {
     let e = env_with(|s| s.queue.overload = OverloadMode::Observe).await;
     let overloaded = ClassStats { pending: 1_000_000, oldest_age_s: 60.0, drain_per_s: 10.0, ..ClassStats::default() };
-    e.app.state.queue_stats.set("promo", overloaded);
-    assert!(matches!(intake::admit(&e.app.state.queue, &e.app.state.queue_stats, "promo"), Admission::WouldReject(_)));
-    assert_eq!(intake::admit(&e.app.state.queue, &e.app.state.queue_stats, "otp"), Admission::Accept);
+    e.app.state.notifications.stats().set("promo", overloaded);
+    assert!(matches!(
+        intake::admit(e.app.state.notifications.runtime(), e.app.state.notifications.stats(), "promo"),
+        Admission::WouldReject(_)
+    ));
+    assert_eq!(
+        intake::admit(e.app.state.notifications.runtime(), e.app.state.notifications.stats(), "otp"),
+        Admission::Accept
+    );
     let before = would_reject_count(&e).await;
     let id = e.enqueue("promo", "shop", 1).await[0];
     let due_now: bool = sqlx::query_scalar("SELECT run_after <= now() FROM notification_jobs WHERE id = $1")
@@ -494,14 +500,14 @@ async fn the_queue_view_matches_the_table() {
     let providers = view["providers"].as_array().unwrap();
     assert_eq!(providers.iter().map(|p| p["provider"].as_str().unwrap()).collect::<Vec<_>>(), ["push", "sms"]);
     for p in providers {
-        let configured = &e.app.state.queue.providers[p["provider"].as_str().unwrap()];
+        let configured = &e.app.state.notifications.runtime().providers[p["provider"].as_str().unwrap()];
         assert_eq!(p["max_concurrency"].as_u64(), Some(u64::from(configured.budget.max_concurrency())));
         assert_eq!(p["paused"], false);
     }
 
     // The oldest dead letter's age reaches the stats (and its gauge).
-    e.app.state.queue_stats.refresh_now(&e.app.state.db, &e.app.state.queue).await.unwrap();
-    let age = e.app.state.queue_stats.get("transactional").unwrap().oldest_dead_age_s;
+    e.app.state.notifications.stats().refresh_now(&e.app.state.db, e.app.state.notifications.runtime()).await.unwrap();
+    let age = e.app.state.notifications.stats().get("transactional").unwrap().oldest_dead_age_s;
     assert!((7100.0..7300.0).contains(&age), "{age}");
 }
 
@@ -515,34 +521,46 @@ async fn one_instance_counts_the_queue_stats_and_the_others_read_them() {
     e.enqueue("promo", "shop", 3).await;
 
     // Nothing stored yet: the first refresh counts; the next one, within STATS_FRESH, reads its numbers.
-    assert_eq!(e.app.state.queue_stats.refresh(db, &e.app.state.queue).await.unwrap(), Refreshed::Computed);
-    assert_eq!(other.state.queue_stats.refresh(&other.state.db, &other.state.queue).await.unwrap(), Refreshed::Shared);
-    assert_eq!(other.state.queue_stats.get("promo").unwrap().pending, 3);
-    assert_eq!(other.state.queue_stats.get("otp").unwrap().pending, 0);
+    assert_eq!(
+        e.app.state.notifications.stats().refresh(db, e.app.state.notifications.runtime()).await.unwrap(),
+        Refreshed::Computed
+    );
+    assert_eq!(
+        other.state.notifications.stats().refresh(&other.state.db, other.state.notifications.runtime()).await.unwrap(),
+        Refreshed::Shared
+    );
+    assert_eq!(other.state.notifications.stats().get("promo").unwrap().pending, 3);
+    assert_eq!(other.state.notifications.stats().get("otp").unwrap().pending, 0);
 
     // Stale numbers while another instance counts (holds the lock): read, not counted a second time.
     e.enqueue("promo", "shop", 2).await;
     sqlx::query("UPDATE queue_class_stats SET refreshed_at = now() - interval '1 hour'").execute(db).await.unwrap();
     let mut counting = db.begin().await.unwrap();
     sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(STATS_LOCK).execute(&mut *counting).await.unwrap();
-    assert_eq!(other.state.queue_stats.refresh(&other.state.db, &other.state.queue).await.unwrap(), Refreshed::Shared);
-    assert_eq!(other.state.queue_stats.get("promo").unwrap().pending, 3);
+    assert_eq!(
+        other.state.notifications.stats().refresh(&other.state.db, other.state.notifications.runtime()).await.unwrap(),
+        Refreshed::Shared
+    );
+    assert_eq!(other.state.notifications.stats().get("promo").unwrap().pending, 3);
     counting.rollback().await.unwrap();
 
     // Stale and nobody counting: counted again.
     assert_eq!(
-        other.state.queue_stats.refresh(&other.state.db, &other.state.queue).await.unwrap(),
+        other.state.notifications.stats().refresh(&other.state.db, other.state.notifications.runtime()).await.unwrap(),
         Refreshed::Computed
     );
-    assert_eq!(other.state.queue_stats.get("promo").unwrap().pending, 5);
+    assert_eq!(other.state.notifications.stats().get("promo").unwrap().pending, 5);
 
     // Ages are as of the reader's read: stored as instants, they grow between counts.
     sqlx::query("UPDATE queue_class_stats SET oldest_due_at = now() - interval '100 seconds', refreshed_at = now()")
         .execute(db)
         .await
         .unwrap();
-    assert_eq!(e.app.state.queue_stats.refresh(db, &e.app.state.queue).await.unwrap(), Refreshed::Shared);
-    let age = e.app.state.queue_stats.get("promo").unwrap().oldest_age_s;
+    assert_eq!(
+        e.app.state.notifications.stats().refresh(db, e.app.state.notifications.runtime()).await.unwrap(),
+        Refreshed::Shared
+    );
+    let age = e.app.state.notifications.stats().get("promo").unwrap().oldest_age_s;
     assert!((100.0..110.0).contains(&age), "{age}");
     other.stop().await;
 }
@@ -566,7 +584,7 @@ async fn batches_beyond_max_concurrent_batches_are_429_not_held_in_memory() {
     slow.write_all(head.as_bytes()).await.unwrap();
     slow.write_all(&body[..body.len() / 2]).await.unwrap();
     let by = Instant::now() + Duration::from_secs(5);
-    while e.app.state.queue.batch_permits.available_permits() > 0 {
+    while e.app.state.notifications.runtime().batch_permits.available_permits() > 0 {
         assert!(Instant::now() < by, "the slow batch never took its permit");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -593,7 +611,7 @@ async fn batches_beyond_max_concurrent_batches_are_429_not_held_in_memory() {
         .expect("no answer within 30 s")
         .unwrap();
     assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
-    assert_eq!(e.app.state.queue.batch_permits.available_permits(), 1);
+    assert_eq!(e.app.state.notifications.runtime().batch_permits.available_permits(), 1);
     let r = e
         .app
         .client

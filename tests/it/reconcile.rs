@@ -65,8 +65,8 @@ async fn every_listed_code_is_issued_once_and_the_counters_move_past_them() {
             .await
             .unwrap();
     // Numbers the customer system has that this database never generated: ahead of the counter.
-    let individual = app.state.pools.get("individual").unwrap();
-    let business = app.state.pools.get("business").unwrap();
+    let individual = app.state.cif.pools().get("individual").unwrap();
+    let business = app.state.cif.pools().get("business").unwrap();
     let top = counter(&db.pool, "individual").await as u64;
     let ahead = [individual.codec.encode(top + 10), individual.codec.encode(top + 11)];
     let business_code = business.codec.encode(3);

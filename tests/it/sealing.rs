@@ -88,10 +88,10 @@ async fn jobs_sealed_under_an_earlier_key_id_are_sent_after_a_rotation() {
     use_fake_providers(&mut settings, &e.sms, &e.push);
     settings.security.personal_data_key_id = "2026-12".into();
     let rotated = spawn_passive_app(settings).await;
-    rotated.state.queue.join_budgets(&rotated.state.db).await.unwrap();
+    rotated.state.notifications.runtime().join_budgets(&rotated.state.db).await.unwrap();
     // The first pod held every provider's whole budget alone: a sync of each shares it out.
-    e.app.state.queue.sync_budgets(&e.app.state.db).await;
-    rotated.state.queue.sync_budgets(&rotated.state.db).await;
+    e.app.state.notifications.runtime().sync_budgets(&e.app.state.db).await;
+    rotated.state.notifications.runtime().sync_budgets(&rotated.state.db).await;
     let after = enqueue(&rotated, otp("+84902222222", "222222")).await;
 
     let key_ids: Vec<(i64, String)> = sqlx::query_as("SELECT id, sealed_with FROM notification_jobs ORDER BY id")

@@ -203,16 +203,19 @@ pub struct CodeStatus {
     pub confirmed_at: Option<DateTime<Utc>>,
 }
 
-/// Looks a code up by its counter; `None` when it has not been generated yet.
+/// Looks `cif` up by its counter; `None` when it has not been generated yet (or the counter holds
+/// another code: this instance decoded it under key epochs that are no longer the pool's).
 pub async fn status(db: &PgPool, pool: &Pool, counter: i64, cif: &str) -> Result<Option<CodeStatus>, sqlx::Error> {
     let row = sqlx::query(
         "SELECT state, reserved_at, lease_expires_at, NULL::timestamptz AS confirmed_at \
-           FROM cif_codes WHERE pool_id = $1 AND counter = $2 \
+           FROM cif_codes WHERE pool_id = $1 AND counter = $2 AND code = $3 \
          UNION ALL \
-         SELECT 'used', reserved_at, NULL, confirmed_at FROM cif_issued WHERE pool_id = $1 AND counter = $2",
+         SELECT 'used', reserved_at, NULL, confirmed_at FROM cif_issued \
+          WHERE pool_id = $1 AND counter = $2 AND code = $3",
     )
     .bind(pool.id)
     .bind(counter)
+    .bind(cif)
     .fetch_optional(db)
     .await?;
     Ok(row.map(|r| CodeStatus {

@@ -117,6 +117,7 @@ pub fn test_pool(name: &str, prefix: &str) -> cifpool::config::PoolSettings {
         digits: 9,
         check: cifpool::code::check::CheckScheme::Damm,
         key_id: "test-1".into(),
+        cipher: None,
         low_watermark: 1000,
         batch_size: 500,
         max_batches_per_run: 4,

@@ -31,7 +31,7 @@ pub async fn env_with(tweak: impl FnOnce(&mut cifpool::config::Settings)) -> Env
     tweak(&mut settings);
     let app = spawn_passive_app(settings).await;
     // No budget task runs in a passive app: take this instance's share of each provider once.
-    app.state.queue.join_budgets(&app.state.db).await.unwrap();
+    app.state.notifications.runtime().join_budgets(&app.state.db).await.unwrap();
     Env { db, app, sms, push }
 }
 
@@ -39,7 +39,7 @@ pub async fn env_with(tweak: impl FnOnce(&mut cifpool::config::Settings)) -> Env
 pub fn group_of(app: &TestApp, strategy: Strategy, index: usize) -> Arc<WorkerGroup> {
     let all = ["otp", "transactional", "promo"].map(String::from).to_vec();
     let policy = strategy.groups(20, 6, &["otp".to_string()], &all).remove(index);
-    WorkerGroup::new(policy, app.state.db.clone(), app.state.queue.clone())
+    WorkerGroup::new(policy, app.state.db.clone(), app.state.notifications.runtime().clone())
 }
 
 /// An environment with the test settings.
@@ -59,11 +59,11 @@ impl Env {
         let mut settings = test_settings_with_pools(&self.db.url);
         use_fake_providers(&mut settings, &self.sms, &self.push);
         let pod = spawn_passive_app(settings).await;
-        pod.state.queue.join_budgets(&pod.state.db).await.unwrap();
+        pod.state.notifications.runtime().join_budgets(&pod.state.db).await.unwrap();
         // The first pod took every provider's whole budget when it joined alone: a sync of each
         // shares it out.
-        self.app.state.queue.sync_budgets(&self.app.state.db).await;
-        pod.state.queue.sync_budgets(&pod.state.db).await;
+        self.app.state.notifications.runtime().sync_budgets(&self.app.state.db).await;
+        pod.state.notifications.runtime().sync_budgets(&pod.state.db).await;
         let group = group_of(&pod, strategy, index);
         (pod, group)
     }
@@ -121,7 +121,7 @@ impl Env {
     /// One stager pass: scheduled jobs that are due become pending (what the stager loop does every
     /// second in a running instance); returns how many.
     pub async fn promote(&self) -> u64 {
-        cifpool::queue::stage::promote_due(&self.app.state.db, &self.app.state.queue).await.unwrap()
+        cifpool::queue::stage::promote_due(&self.app.state.db, self.app.state.notifications.runtime()).await.unwrap()
     }
 
     /// Every job's id, recipient and payload as enqueued, in id order: sealed ones opened as a worker
@@ -132,7 +132,7 @@ impl Env {
             .fetch_all(&self.db.pool)
             .await
             .unwrap();
-        let seal = &self.app.state.queue.seal;
+        let seal = &self.app.state.notifications.runtime().seal;
         rows.iter()
             .map(|r| match r.get::<Option<&[u8]>, _>("sealed") {
                 Some(sealed) => {

@@ -255,6 +255,7 @@ pub fn bench_pool(
         digits: 9,
         check: cifpool::code::check::CheckScheme::Damm,
         key_id: "bench".into(),
+        cipher: None,
         low_watermark: 1,
         batch_size,
         max_batches_per_run,

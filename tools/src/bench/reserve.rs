@@ -235,7 +235,7 @@ pub async fn run(
     let db_settings = app_settings.database.clone();
     let unauth_settings = app_settings.clone();
     let service = super::start_service(connect, app_settings).await?;
-    let pool = service.state.pools.get(POOL).cloned().context("bench pool missing")?;
+    let pool = service.state.cif.pools().get(POOL).cloned().context("bench pool missing")?;
 
     if let Placement::InProcess { reason } = &opts.load {
         notes.push(format!(
