@@ -10,8 +10,8 @@
 #
 # The image carries no configuration and no key: both are mounted (see docs/OPERATIONS.md). Without a
 # file at CIFPOOL_CONFIG the process refuses to start, on purpose: the compiled-in defaults use "noop"
-# notification providers that silently send nothing. Every subcommand reads that file too; for one that
-# needs no configuration, unset the variable:  docker run --rm --entrypoint env cifpool -u CIFPOOL_CONFIG cifpool keygen
+# notification providers that silently send nothing. Every subcommand but `keygen` reads that file too;
+# `keygen` reads nothing:  docker run --rm cifpool keygen > master.key
 # The build and runtime stages must use the same Debian release (the binary links against its glibc).
 ARG RUST_VERSION=1.95
 ARG DEBIAN_RELEASE=bookworm

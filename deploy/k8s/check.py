@@ -744,14 +744,17 @@ class Checker:
         pre = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
         pre_s = float(pre[1]) if len(pre) == 2 and pre[0] == "sleep" else 0.0
         tgps = pod.get("terminationGracePeriodSeconds", 30)
-        if tgps <= pre_s + grace + 3:
+        # The worker and HTTP drains run side by side (grace + 3 s hand-back margin), then maintenance
+        # runs under way get up to another grace before the database closes.
+        if tgps <= pre_s + 2 * grace + 3:
             self.err(v, f"terminationGracePeriodSeconds {tgps} must exceed preStop {pre_s}s + "
-                        f"shutdown_grace {grace}s + 3s")
+                        f"2 x shutdown_grace {grace}s + 3s")
         batches = int(overrides.get("queue.max_concurrent_batches") or conf["queue"].get("max_concurrent_batches", 2))
-        need = 60e6 + batches * 3.5 * conf["queue"]["batch_body_limit_bytes"]
+        # Batches are streamed: a few MiB each whatever their body (OPERATIONS.md, Memory).
+        need = 128e6 + batches * 16e6
         if quantity_bytes(res.get("limits", {}).get("memory", "0")) < need:
-            self.err(v, f"memory limit {res['limits'].get('memory')} is below 60 MB + {batches} batches x 3.5 x "
-                        f"batch_body_limit_bytes = {need / 1e6:.0f} MB (OPERATIONS.md, Memory)")
+            self.err(v, f"memory limit {res['limits'].get('memory')} is below 128 MB + {batches} batches x 16 MB "
+                        f"= {need / 1e6:.0f} MB (OPERATIONS.md, Memory)")
 
         # The Service, the PDB, the ServiceMonitor.
         svcs = by_kind.get("Service", [])

@@ -12,6 +12,11 @@ use sqlx::PgPool;
 use crate::audit::{self, Actor, Event};
 use crate::cif::Pool;
 
+/// Most key epochs a pool may have besides its configured key. A rotation is an incident response, not
+/// a routine; and every counter of the current epoch is checked against each earlier epoch (one
+/// decryption each), so refill slows down as epochs add up.
+pub const MAX_ROTATIONS: i16 = 16;
+
 /// Why a rotation was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum RotateError {
@@ -26,6 +31,9 @@ pub enum RotateError {
         /// The key id asked for.
         key_id: String,
     },
+    /// The pool already has [`MAX_ROTATIONS`] key epochs besides its configured key.
+    #[error("pool {0:?} has had its key rotated {MAX_ROTATIONS} times, the most a pool may; create a new pool")]
+    TooManyRotations(String),
     /// The database failed.
     #[error(transparent)]
     Database(#[from] sqlx::Error),
@@ -72,6 +80,9 @@ pub(crate) async fn rotate(db: &PgPool, pool: &Pool, key_id: &str, actor: &Actor
             .await?;
     if used || configured == key_id {
         return Err(RotateError::KeyIdUsed { pool: pool.name().to_string(), key_id: key_id.to_string() });
+    }
+    if current >= MAX_ROTATIONS {
+        return Err(RotateError::TooManyRotations(pool.name().to_string()));
     }
     let epoch = current + 1;
     sqlx::query(

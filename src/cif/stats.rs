@@ -16,9 +16,10 @@ pub struct PoolStats {
     pub available: u64,
     /// Codes held under a lease.
     pub reserved: u64,
-    /// Codes confirmed (customers' numbers).
+    /// Counters taken that are neither available nor held: the codes confirmed, plus the counters a
+    /// fence, a key rotation or a reconcile took out of circulation.
     pub used: u64,
-    /// Next Feistel counter to generate (= codes ever generated).
+    /// Next counter to generate (= counters ever taken).
     pub next_counter: u64,
     /// Size of the pool's code space (10^digits).
     pub domain_size: u64,

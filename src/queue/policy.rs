@@ -142,8 +142,9 @@ impl Strategy {
     }
 }
 
-/// One worker group's policy.
+/// One worker group's policy (`[[queue.groups]]`; a misspelt key is refused, not ignored).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GroupPolicy {
     /// Group name (metrics label).
     pub name: String,

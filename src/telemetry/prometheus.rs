@@ -105,7 +105,11 @@ fn describe() {
     );
     describe_gauge!("cifpool_pool_available", "CIF codes ready to reserve, by pool.");
     describe_gauge!("cifpool_pool_reserved", "CIF codes held by a reservation not yet confirmed or released.");
-    describe_gauge!("cifpool_pool_used", "CIF codes confirmed, for good.");
+    describe_gauge!(
+        "cifpool_pool_used",
+        "Counters taken that are neither available nor held: the codes confirmed, plus the counters a fence, a \
+         key rotation or a reconcile took out of circulation."
+    );
     describe_gauge!(
         "cifpool_pool_low_watermark",
         "The pool's low watermark: refill tops it up when available falls below."

@@ -350,3 +350,56 @@ async fn the_development_key_is_made_only_for_the_embedded_database_and_only_onc
     assert_eq!(found.scopes.0, Scope::ALL);
     assert!(cifpool::auth::ensure_dev_key(&db.pool, &settings).await.unwrap().is_none(), "a key exists: none made");
 }
+
+/// The scope table of docs/API.md names every `/v1` operation under the scope the service asks for it
+/// (the unversioned `/cif` twins are covered by the words "unversioned `/cif` twins" in their row).
+#[test]
+fn the_documented_scope_table_matches_what_each_operation_needs() {
+    let readme = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/API.md")).unwrap();
+    let row = |scope: Scope| -> String {
+        let start = format!("| `{}` |", scope.as_str());
+        let line =
+            readme.lines().find(|l| l.starts_with(&start)).unwrap_or_else(|| panic!("no docs/API.md row {start}"));
+        // `POST /v1/cif/{cif}/confirm\|release\|extend` names three operations.
+        let mut expanded = String::new();
+        for item in line.split('`') {
+            let mut alternatives = item.split("\\|");
+            let first = alternatives.next().unwrap_or_default();
+            expanded.push_str(first);
+            let stem = first.rsplit_once('/').map_or("", |(stem, _)| stem);
+            for other in alternatives {
+                expanded.push_str(&format!(" {stem}/{other}"));
+            }
+            expanded.push(' ');
+        }
+        expanded
+    };
+    let spec: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut checked = 0;
+    for (path, item) in spec["paths"].as_mapping().unwrap() {
+        let path = path.as_str().unwrap();
+        if path.starts_with("/admin/") || ["/healthz", "/readyz", "/metrics"].contains(&path) {
+            continue;
+        }
+        for (method, _) in item.as_mapping().unwrap() {
+            let method = method.as_str().unwrap().to_uppercase();
+            let text = row(needed_scope(&method, path));
+            let named = if path.starts_with("/cif") {
+                text.contains("unversioned") && text.contains(&format!("{method} /v1{path}"))
+                    || text.contains(&format!("{method} {path}"))
+            } else {
+                text.contains(&format!("{method} {path}"))
+            };
+            assert!(
+                named,
+                "docs/API.md's row for {:?} does not name {method} {path}: {text}",
+                needed_scope(&method, path)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 14, "{checked} operations checked");
+}

@@ -147,6 +147,13 @@ fn keygen_prints_fresh_256_bit_keys() {
     assert_eq!(a.trim().len(), 64);
     assert!(a.trim().chars().all(|c| c.is_ascii_hexdigit()));
     assert_ne!(a, b);
+    // It reads no configuration: the bare image (CIFPOOL_CONFIG naming a file that is not there) runs it.
+    let bare = Command::new(env!("CARGO_BIN_EXE_cifpool"))
+        .arg("keygen")
+        .env("CIFPOOL_CONFIG", "/nonexistent/cifpool.toml")
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&bare).trim().len(), 64);
 }
 
 #[test]

@@ -60,6 +60,10 @@ fn unknown_key_is_refused() {
     let f = toml_file("[server]\nlisen = \"127.0.0.1:1\"\n");
     let msg = error_text(Settings::load_with_env(Some(f.path()), Vec::new()));
     assert!(msg.contains("lisen"), "{msg}");
+    // Inside a worker group too (a misspelt key there once fell back to the default silently).
+    let f = toml_file("[[queue.groups]]\nname = \"all\"\nsize = 4\nclasses = [\"otp\"]\norder = \"fifo\"\nsise = 8\n");
+    let msg = error_text(Settings::load_with_env(Some(f.path()), Vec::new()));
+    assert!(msg.contains("sise"), "{msg}");
 }
 
 #[test]
@@ -207,4 +211,56 @@ fn secrets_can_come_from_files_named_by_file_variables() {
     let message = Settings::load_with_env(None, env).unwrap_err().to_string();
     assert!(message.contains("security.admin_token") && message.contains("cannot read"), "{message}");
     assert!(!message.contains("a-long-admin-token"), "{message}");
+}
+
+/// Every key the code reads is a row of docs/CONFIGURATION.md, and every row is a key the code reads:
+/// the keys come from the serialized settings (defaults plus one worker group, so the group's keys show),
+/// lists as `pools[].name`, the providers' map as `queue.providers.<name>.kind`.
+#[test]
+fn every_configuration_key_is_documented() {
+    fn flatten(value: &serde_json::Value, path: &str, keys: &mut std::collections::BTreeSet<String>) {
+        let leaf_maps = ["queue.tenant_weights"];
+        match value {
+            serde_json::Value::Object(map) if !leaf_maps.contains(&path) => {
+                for (k, v) in map {
+                    // Providers are a map by name: every provider has the same keys.
+                    let child = match path {
+                        "" => k.clone(),
+                        "queue.providers" => format!("{path}.<name>"),
+                        _ => format!("{path}.{k}"),
+                    };
+                    flatten(v, &child, keys);
+                }
+            }
+            serde_json::Value::Array(items) if items.first().is_some_and(|i| i.is_object()) => {
+                for item in items {
+                    flatten(item, &format!("{path}[]"), keys);
+                }
+            }
+            _ => {
+                keys.insert(path.to_string());
+            }
+        }
+    }
+    let groups = toml_file(
+        "[[queue.groups]]\nname = \"all\"\nsize = 4\nclasses = [\"otp\", \"transactional\", \"promo\"]\norder = \"priority\"\n",
+    );
+    let settings = Settings::load_with_env(Some(groups.path()), Vec::new()).unwrap();
+    let mut in_code = std::collections::BTreeSet::new();
+    flatten(&serde_json::to_value(&settings).unwrap(), "", &mut in_code);
+    let doc_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/CONFIGURATION.md");
+    let doc = std::fs::read_to_string(doc_path).unwrap();
+    let documented: std::collections::BTreeSet<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once("` |").map(|(key, _)| key.to_string()))
+        .filter(|key| key != "key")
+        .collect();
+    let missing: Vec<_> = in_code.difference(&documented).collect();
+    // A list of tables may have a row of its own (`queue.groups`) beside its keys' rows.
+    let is_list = |key: &String| in_code.iter().any(|k| k.starts_with(&format!("{key}[]")));
+    let stale: Vec<_> = documented.difference(&in_code).filter(|key| !is_list(key)).collect();
+    assert!(missing.is_empty(), "keys the code reads that docs/CONFIGURATION.md lacks: {missing:?}");
+    assert!(stale.is_empty(), "keys docs/CONFIGURATION.md names that the code does not read: {stale:?}");
+    assert!(in_code.len() > 60, "{} keys", in_code.len());
 }

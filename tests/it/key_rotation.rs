@@ -134,3 +134,24 @@ async fn an_instance_that_missed_the_rotation_finds_codes_of_the_new_key() {
     assert_eq!(post_token(&b, cif, "extend", token).await.status(), 200);
     assert_eq!(post_token(&b, cif, "confirm", token).await.status(), 200);
 }
+
+#[tokio::test]
+async fn a_pool_takes_at_most_sixteen_rotations() {
+    let db = fresh_database().await;
+    let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
+    let actor = cifpool::audit::Actor::system();
+    for n in 1..=16 {
+        let rotation = app.state.cif.rotate_key("individual", &format!("k{n}"), &actor).await.unwrap();
+        assert_eq!(rotation.rotated.epoch, n);
+    }
+    let refused = app.state.cif.rotate_key("individual", "k17", &actor).await.unwrap_err();
+    assert!(refused.to_string().contains("16 times"), "{refused}");
+    // Sixteen epochs on: what the pool issues is still distinct and readable.
+    let mut seen = HashSet::new();
+    for _ in 0..50 {
+        let r = reserve_ok(&app, "individual").await;
+        let cif = r["cif"].as_str().unwrap().to_string();
+        assert_eq!(app.state.cif.locate(&cif).await.unwrap().epoch, Some(16));
+        assert!(seen.insert(cif));
+    }
+}

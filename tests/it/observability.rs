@@ -288,3 +288,51 @@ async fn a_sent_otp_leaves_its_code_and_number_in_no_log_line_and_no_exported_sp
         assert!(!exports.windows(secret.len()).any(|w| w == secret.as_bytes()), "an exported span holds {secret:?}");
     }
 }
+
+/// docs/METRICS.md names every series a running service exports (each `# TYPE` line of `/metrics`),
+/// and every `cifpool_*` name it documents is one the code uses.
+#[tokio::test]
+async fn every_metric_is_documented() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/METRICS.md")).unwrap();
+    let documented: std::collections::BTreeSet<String> = doc
+        .split('`')
+        .filter(|w| {
+            (w.starts_with("cifpool_") || w.starts_with("process_"))
+                && w.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        })
+        .map(str::to_string)
+        .collect();
+    let db = fresh_database().await;
+    let serve = Serve::start(&db.url, "http://127.0.0.1:9", &[]).await;
+    // Some series appear with the first probe or budget sync: give them a few seconds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let text = reqwest::get(format!("{}/metrics", serve.base)).await.unwrap().text().await.unwrap();
+    serve.stop().await;
+    let exported: Vec<&str> =
+        text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
+    assert!(exported.len() > 30, "{text}");
+    for name in &exported {
+        assert!(documented.contains(*name), "/metrics exports {name}, which docs/METRICS.md does not describe");
+    }
+    let mut code = String::new();
+    for entry in walk(&root.join("src")) {
+        code.push_str(&std::fs::read_to_string(entry).unwrap());
+    }
+    for name in documented.iter().filter(|n| n.starts_with("cifpool_")) {
+        assert!(code.contains(&format!("\"{name}\"")), "docs/METRICS.md describes {name}, which the code never uses");
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}

@@ -113,7 +113,7 @@ impl Cif {
         let pool = self.pool(customer_type)?;
         let rotated = rotate::rotate(&self.db, pool, key_id, actor).await.map_err(|e| match e {
             e @ RotateError::InvalidKeyId(_) => CifError::Invalid(e.to_string()),
-            e @ RotateError::KeyIdUsed { .. } => CifError::Conflict(e.to_string()),
+            e @ (RotateError::KeyIdUsed { .. } | RotateError::TooManyRotations(_)) => CifError::Conflict(e.to_string()),
             RotateError::Database(e) => CifError::Database(e),
         })?;
         let refill = self.refill(customer_type, RefillOptions { force: false, actor: actor.clone() }).await?;
