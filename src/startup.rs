@@ -263,8 +263,8 @@ impl Drop for RunningApp {
 }
 
 /// What watches the database in every instance, even one without background work: the connection
-/// and readiness probes behind `cifpool_db_pool_acquire_seconds` and `cifpool_ready`, and the check
-/// that the database is still the one codes were issued from.
+/// and readiness probes behind `cifpool_db_pool_acquire_seconds` and `cifpool_ready`, the check that
+/// the database is still the one codes were issued from, and the cleanup-horizon probe.
 fn start_watchers(state: &AppState, tasks: &mut Supervisor) {
     use crate::telemetry::collectors::{PROBE_EVERY, READINESS_EVERY, probe_acquire, probe_readiness};
     let db = state.db.clone();
@@ -274,6 +274,9 @@ fn start_watchers(state: &AppState, tasks: &mut Supervisor) {
     let (db, guard) = (state.db.clone(), state.incarnation.clone());
     let interval = state.settings.database.incarnation_check_interval;
     tasks.every("database identity check", interval, move || check_incarnation(db.clone(), guard.clone()));
+    let db = state.db.clone();
+    let every = crate::telemetry::horizon::HORIZON_EVERY;
+    tasks.every("cleanup horizon probe", every, move || crate::telemetry::horizon::probe_horizon(db.clone()));
 }
 
 /// The background work of a serving instance: the cron schedules (refill checks, reclaims, the

@@ -3,6 +3,7 @@
 //! with the process, database-pool and build gauges of [`collectors`]).
 
 pub mod collectors;
+pub mod horizon;
 pub mod prometheus;
 pub mod traces;
 

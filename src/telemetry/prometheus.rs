@@ -86,6 +86,17 @@ fn describe() {
         Unit::Seconds,
         "Time a probe waited for a pooled connection (one probe per second): high while the pool is exhausted."
     );
+    describe_gauge!(
+        "cifpool_db_oldest_snapshot_age_seconds",
+        Unit::Seconds,
+        "Age of the oldest transaction holding a snapshot in the service's database: while it is old, \
+         dead rows pile up (other roles' sessions count only with pg_read_all_stats)."
+    );
+    describe_gauge!(
+        "cifpool_db_replication_slot_xmin_age",
+        "Transactions since the oldest row version a replication slot still needs (0: none): while it \
+         grows, dead rows pile up."
+    );
     describe_counter!("cifpool_http_requests_total", "HTTP requests answered, by route template, method and status.");
     describe_histogram!(
         "cifpool_http_request_duration_seconds",

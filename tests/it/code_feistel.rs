@@ -9,20 +9,24 @@ fn test_key() -> PoolKey {
     MasterKey::from_bytes(*b"0123456789abcdef0123456789abcdef").derive_pool_key("test", "k1")
 }
 
-#[test]
-fn exhaustive_bijection_at_six_digits() {
-    let perm = FeistelPermutation::new(&test_key(), 6).unwrap();
-    let n = perm.domain_size();
-    assert_eq!(n, 1_000_000);
+/// Checks that `permute` maps every point of `[0, n)` to a distinct point of it, and `inverse` undoes it.
+pub(crate) fn assert_bijection(n: u64, permute: impl Fn(u64) -> u64, inverse: impl Fn(u64) -> Option<u64>) {
     let mut seen = vec![false; n as usize];
     for counter in 0..n {
-        let v = perm.permute(counter);
+        let v = permute(counter);
         assert!(v < n, "permute({counter}) = {v} is out of the domain");
         assert!(!seen[v as usize], "collision at permute({counter}) = {v}");
         seen[v as usize] = true;
-        assert_eq!(perm.inverse(v), Some(counter), "inverse failed for {counter}");
+        assert_eq!(inverse(v), Some(counter), "inverse failed for {counter}");
     }
     assert!(seen.iter().all(|&s| s));
+}
+
+#[test]
+fn exhaustive_bijection_at_six_digits() {
+    let perm = FeistelPermutation::new(&test_key(), 6).unwrap();
+    assert_eq!(perm.domain_size(), 1_000_000);
+    assert_bijection(perm.domain_size(), |c| perm.permute(c), |v| perm.inverse(v));
 }
 
 #[test]

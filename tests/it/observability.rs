@@ -336,3 +336,24 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     files
 }
+
+/// A session holding a snapshot in the service's database shows in the cleanup-horizon reading for as
+/// long as it holds it (what CifDatabaseHorizonHeld watches); no replication slot holds anything here.
+#[tokio::test]
+async fn an_open_snapshot_shows_in_the_horizon_and_leaves_with_it() {
+    use cifpool::telemetry::horizon;
+    let db = fresh_database().await;
+    let idle = horizon::read(&db.pool).await.unwrap();
+    assert!(idle.oldest_snapshot_age_s < 1.0, "{idle:?}");
+    assert_eq!(idle.slot_xmin_age, 0);
+    // An analyst's REPEATABLE READ session: its snapshot lives until the transaction ends.
+    let mut analyst = db.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *analyst).await.unwrap();
+    sqlx::query("SELECT count(*) FROM cif_pools").execute(&mut *analyst).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let held = horizon::read(&db.pool).await.unwrap();
+    assert!(held.oldest_snapshot_age_s >= 1.4, "{held:?}");
+    analyst.rollback().await.unwrap();
+    let released = horizon::read(&db.pool).await.unwrap();
+    assert!(released.oldest_snapshot_age_s < 1.0, "{released:?}");
+}

@@ -115,6 +115,9 @@ pub struct BenchArgs {
     /// refill: codes to generate into the empty pool (batches of 10,000).
     #[arg(long, default_value_t = 1_000_000)]
     pub refill_codes: u64,
+    /// refill: the bench pool's cipher (`ff1`, what a new pool gets, or `feistel`).
+    #[arg(long, value_enum, default_value_t = cifpool::code::Cipher::Ff1)]
+    pub refill_cipher: cifpool::code::Cipher,
     /// refill: rows of the naive autocommit-INSERT baseline (its rate is extrapolated).
     #[arg(long, default_value_t = 5_000)]
     pub naive_rows: u64,

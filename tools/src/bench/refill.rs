@@ -36,6 +36,8 @@ pub struct RefillBenchOptions {
     pub codes: u64,
     /// Rows of the naive baseline.
     pub naive_rows: u64,
+    /// The bench pool's cipher.
+    pub cipher: cifpool::code::Cipher,
     /// Draw progress bars.
     #[serde(skip)]
     pub progress: bool,
@@ -44,7 +46,12 @@ pub struct RefillBenchOptions {
 impl RefillBenchOptions {
     /// From the command line.
     pub fn from_args(args: &BenchArgs) -> RefillBenchOptions {
-        RefillBenchOptions { codes: args.refill_codes, naive_rows: args.naive_rows, progress: !args.no_progress }
+        RefillBenchOptions {
+            codes: args.refill_codes,
+            naive_rows: args.naive_rows,
+            cipher: args.refill_cipher,
+            progress: !args.no_progress,
+        }
     }
 }
 
@@ -79,7 +86,7 @@ pub struct RefillResults {
     pub naive_extrapolated_seconds: f64,
     /// One COPY of the same rows.
     pub copy: Phase,
-    /// Computing the same codes alone (Feistel + check digit + text), untimed in `copy`.
+    /// Computing the same codes alone (permutation + check digit + text), untimed in `copy`.
     pub encode_only: Phase,
     /// refill codes/s ÷ COPY codes/s (1.0 = as fast as a raw COPY).
     pub refill_over_copy: f64,
@@ -104,7 +111,7 @@ pub async fn run(connect: &PgConnectOptions, opts: &RefillBenchOptions) -> anyho
         "batch_size": BATCH.min(opts.codes),
         "batches": batches,
         "naive_rows": opts.naive_rows,
-        "pool": { "name": POOL, "digits": 9, "check": "damm", "prefix": "8" },
+        "pool": { "name": POOL, "digits": 9, "check": "damm", "prefix": "8", "cipher": opts.cipher },
         "order": ["naive_insert", "refill", "copy"],
     });
     Ok(BenchReport { target: "refill".into(), parameters, machine: machine?, results, notes })
@@ -114,7 +121,8 @@ async fn measure(db: &PgPool, opts: &RefillBenchOptions) -> anyhow::Result<(Refi
     let mut notes = Vec::new();
     let batch = BATCH.min(opts.codes);
     let batches = opts.codes.div_ceil(batch);
-    let settings = bench_pool(POOL, "8", batch as u32, batches.min(10_000) as u32);
+    let mut settings = bench_pool(POOL, "8", batch as u32, batches.min(10_000) as u32);
+    settings.cipher = Some(opts.cipher);
     let pools = cifpool::cif::Pools::reconcile(db, &[settings], &cifpool::keys::MasterKey::generate()).await?;
     let pool = pools.get(POOL).cloned().context("bench pool missing")?;
     anyhow::ensure!(pool.codec.capacity() >= opts.codes, "the bench pool's domain is smaller than --refill-codes");
@@ -260,7 +268,7 @@ pub fn table(report: &BenchReport<RefillResults>) -> String {
             &r.naive_insert,
             format!("{:.0} s for {} (extrapolated)", r.naive_extrapolated_seconds, thousands(r.refill.rows as f64)),
         ),
-        row("encode only", &r.encode_only, "Feistel + check digit + text".into()),
+        row("encode only", &r.encode_only, "permutation + check digit + text".into()),
     ];
     let mut out = format!(
         "refill: filling an empty pool, {} batches of {}\n",
