@@ -54,6 +54,31 @@ pub async fn reclaim(
     operator.done(&state, &notice, "/console/pools").await
 }
 
+/// The Rotate key form: the new key's id.
+#[derive(Debug, Deserialize)]
+pub struct RotateKeyForm {
+    /// The label the new key is derived with (new to the pool).
+    key_id: String,
+}
+
+/// Starts a new key epoch for a pool (`POST /admin/pools/{name}/rotate-key`), then refills it.
+pub async fn rotate_key(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Action(operator, form): Action<RotateKeyForm>,
+) -> Result<Redirect, ConsoleError> {
+    let key_id = form.key_id.trim();
+    tracing::warn!(pool = name, key_id, actor = %operator.actor.name, "console key rotation");
+    let rotation = state.cif.rotate_key(&name, key_id, &operator.actor).await?;
+    let r = &rotation.rotated;
+    let notice = format!(
+        "Key of {name} rotated: epoch {} (key id {}, check {}) encodes from counter {}; {} available codes of \
+         earlier keys discarded; the refill added {} codes.",
+        r.epoch, r.key_id, r.key_check, r.first_counter, r.available_discarded, rotation.refill.codes_added
+    );
+    operator.done(&state, &notice, "/console/pools").await
+}
+
 /// Pauses or resumes a class or provider (`POST /admin/queue/{classes|providers}/{name}/{pause|resume}`).
 pub async fn pause(
     State(state): State<AppState>,

@@ -39,6 +39,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/console/pools", get(pages::pools))
         .route("/console/pools/{name}/refill", post(actions::refill))
         .route("/console/pools/{name}/reclaim", post(actions::reclaim))
+        .route("/console/pools/{name}/rotate-key", post(actions::rotate_key))
         .route("/console/queue", get(pages::queue))
         .route("/console/queue/{kind}/{name}/{change}", post(actions::pause))
         .route("/console/dead-letters", get(pages::dead_letters))

@@ -74,6 +74,9 @@ struct PoolRow {
     last_reclaim_ago: Option<String>,
     last_reclaim_at: Option<String>,
     last_reclaim_returned: Option<i64>,
+    key_epoch: i16,
+    key_id: String,
+    cipher: &'static str,
 }
 
 /// Pools: depth, watermark, how much of the code space is used, last refill and reclaim.
@@ -84,6 +87,7 @@ pub async fn pools(operator: Operator, State(state): State<AppState>) -> Result<
         .into_iter()
         .map(|s| {
             let u = upkeep.iter().find(|u| u.customer_type == s.customer_type).cloned().unwrap_or_default();
+            let keys = state.cif.pools().get(&s.customer_type).map(|pool| pool.keys());
             PoolRow {
                 available: s.available,
                 reserved: s.reserved,
@@ -97,6 +101,9 @@ pub async fn pools(operator: Operator, State(state): State<AppState>) -> Result<
                 last_reclaim_ago: u.last_reclaim_at.map(ago),
                 last_reclaim_at: u.last_reclaim_at.map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string()),
                 last_reclaim_returned: u.last_reclaim_returned,
+                key_epoch: keys.as_ref().map_or(0, |k| k.current().number),
+                key_id: keys.as_ref().map_or_else(String::new, |k| k.current().key_id.clone()),
+                cipher: keys.as_ref().map_or("", |k| k.current().codec.permutation().cipher().name()),
                 name: s.customer_type,
             }
         })

@@ -280,6 +280,21 @@ async fn pool_and_queue_actions_go_through_the_domain_and_leave_the_apis_audit_r
     browser.act("/console/pools", "/console/pools/individual/reclaim", &[]).await;
     assert!(browser.get("/console/pools").await.body.contains("0 holds returned"));
 
+    // A key rotation from the console: the notice, the pool's new epoch, the API's audit row by this key.
+    assert!(browser.get("/console/pools").await.body.contains("ff1, key 0: test-1"));
+    browser.act("/console/pools", "/console/pools/individual/rotate-key", &[("key_id", "console-1")]).await;
+    let pools = browser.get("/console/pools").await;
+    assert!(pools.body.contains("Key of individual rotated: epoch 1 (key id console-1"), "{}", pools.body);
+    assert!(pools.body.contains("ff1, key 1: console-1"), "{}", pools.body);
+    let rotated = audit_rows(&e, "pool.key_rotated").await;
+    assert_eq!(rotated.len(), 1);
+    assert_eq!(rotated[0].0, name);
+    assert_eq!(rotated[0].1.as_ref().unwrap()["key_id"], "console-1");
+    // The same key id again is refused, and nothing changes.
+    let again = browser.act("/console/pools", "/console/pools/individual/rotate-key", &[("key_id", "console-1")]).await;
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    assert_eq!(audit_rows(&e, "pool.key_rotated").await.len(), 1);
+
     for (path, action, rows) in [
         ("/console/queue/classes/promo/pause", "queue.paused", 1),
         ("/console/queue/providers/sms/pause", "queue.paused", 2),
@@ -437,6 +452,7 @@ async fn every_action_refuses_a_form_without_the_csrf_token() {
     let actions: Vec<(String, Vec<(&str, &str)>)> = vec![
         ("/console/pools/individual/refill".into(), vec![("force", "1")]),
         ("/console/pools/individual/reclaim".into(), vec![]),
+        ("/console/pools/individual/rotate-key".into(), vec![("key_id", "sneaky-1")]),
         ("/console/queue/classes/promo/pause".into(), vec![]),
         ("/console/queue/providers/sms/pause".into(), vec![]),
         (format!("/console/dead-letters/{dead}/retry"), vec![]),
