@@ -206,6 +206,8 @@ async fn run_locked(
     summary.outcome = RefillOutcome::Refilled;
     let mut text = BatchText::new(pool.id, pool.keys());
     let mut n = 0;
+    // At most one re-read of the key epochs per run: if the pool's epoch still differs after it (an
+    // epoch this instance cannot derive), the run stops instead of asking again and again.
     let mut relearned = false;
     while n < batches {
         let span = tracing::info_span!("refill batch", pool = pool.name(), codes = tracing::field::Empty);
@@ -215,7 +217,8 @@ async fn run_locked(
         match added {
             Batch::NewKeyEpoch if !relearned => {
                 // Another instance rotated the key: learn the new epoch, then take this batch again.
-                relearned = pool.reload_keys(conn).await?;
+                relearned = true;
+                pool.reload_keys(conn).await?;
                 text = BatchText::new(pool.id, pool.keys());
                 n -= 1;
             }
