@@ -7,9 +7,9 @@
 //! Every `/v1` and `/admin` route names the one scope it needs (see [`crate::http::auth`]); the
 //! bootstrap `security.admin_token` authenticates as `bootstrap` with the `admin` scope.
 
-pub mod api_key;
-pub mod authenticator;
-pub mod scope;
+pub(crate) mod api_key;
+pub(crate) mod authenticator;
+pub(crate) mod scope;
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;

@@ -13,19 +13,20 @@
 //! - [`stats`]: pool depth for `/v1/pools`, the gauges and the watermark warnings.
 //! - [`upkeep`]: when refill, reclaim and the gauges run (schedules, on-demand triggers).
 
-pub mod coalesce;
-pub mod epochs;
-pub mod fence;
-pub mod pools;
-pub mod reclaim;
-pub mod reconcile;
-pub mod refill;
-pub mod refill_text;
-pub mod rotate;
-pub mod service;
-pub mod stats;
-pub mod store;
-pub mod upkeep;
+pub(crate) mod coalesce;
+pub(crate) mod epochs;
+pub(crate) mod fence;
+pub(crate) mod pools;
+pub(crate) mod reclaim;
+pub(crate) mod reconcile;
+pub(crate) mod refill;
+pub(crate) mod refill_text;
+pub(crate) mod rotate;
+pub(crate) mod service;
+pub(crate) mod stats;
+pub(crate) mod store;
+pub(crate) mod upkeep;
 
+pub use crate::claim::Fenced;
 pub use pools::{Pool, Pools};
-pub use service::{Cif, CifError};
+pub use service::{Cif, CifError, FenceOutcome, Rotation};

@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 use super::runtime;
 use crate::config::Settings;
 use crate::db::Database;
+use crate::queue::Queue;
 
 /// `cifpool queue …`
 #[derive(Debug, Subcommand)]
@@ -180,22 +181,34 @@ where
     })
 }
 
+/// The queue's operations on `db` as `serve` offers them, for the configured classes and providers
+/// (nothing started: no worker, schedule or listener). Jobs' personal data opens with a key derived
+/// from the master key, so these commands need it too.
+pub(super) fn queue_service(db: &sqlx::PgPool, settings: &Settings) -> anyhow::Result<Queue> {
+    let master = crate::keys::resolve::resolve_master_key(settings, false)?;
+    let seal = crate::queue::seal::Seal::from_settings(&master, &settings.security);
+    let runtime = crate::queue::runtime::QueueRuntime::new(settings.queue.clone(), seal);
+    Ok(Queue::new(db.clone(), runtime, Default::default(), tokio_util::task::TaskTracker::new()))
+}
+
 pub(super) async fn run_keys(db: &sqlx::PgPool, command: KeysCommand) -> anyhow::Result<()> {
-    use crate::auth::api_key;
+    use crate::auth::api_key::NewKey;
+    // Keys are managed without the bootstrap token: the command line is not a request.
+    let keys = crate::auth::Authenticator::new(db.clone(), None, tokio_util::task::TaskTracker::new());
     let actor = crate::audit::Actor::cli();
     match command {
         KeysCommand::Create { name, scopes, tenants } => {
-            let created = api_key::create(db, &actor, &api_key::NewKey { name, scopes, tenants }).await?;
+            let created = keys.create_key(&actor, &NewKey { name, scopes, tenants }).await?;
             println!("{}", serde_json::to_string(&created)?);
             eprintln!("the key is shown this once: store it now");
         }
         KeysCommand::List => {
-            for key in api_key::list(db).await? {
+            for key in keys.keys().await? {
                 println!("{}", serde_json::to_string(&key)?);
             }
         }
         KeysCommand::Revoke { name } => {
-            api_key::revoke(db, &actor, &name).await?;
+            keys.revoke_key(&actor, &name).await?;
             eprintln!("revoked {name}: every pod refuses it within 5 s");
         }
     }
@@ -214,27 +227,20 @@ pub(super) async fn run_audit(db: &sqlx::PgPool, args: AuditArgs) -> anyhow::Res
         limit: Some(args.limit),
     };
     query.validate().map_err(|e| anyhow::anyhow!(e))?;
-    for event in crate::audit::search(db, &query).await?.events {
+    for event in crate::audit::AuditTrail::new(db.clone()).search(&query).await?.events {
         println!("{}", serde_json::to_string(&event)?);
     }
     Ok(())
 }
 
-pub(super) async fn run_queue(
-    db: &sqlx::PgPool,
-    settings: &crate::config::Settings,
-    command: QueueCommand,
-) -> anyhow::Result<()> {
-    let queue = &settings.queue;
-    use crate::queue::{cancel, pause};
+pub(super) async fn run_queue(queue: &Queue, command: QueueCommand) -> anyhow::Result<()> {
+    use crate::queue::pause::PauseKind;
     let actor = &crate::audit::Actor::cli();
-    let set = |kind: pause::PauseKind, name: String, paused: bool| async move {
-        let known = match kind {
-            pause::PauseKind::Class => queue.classes.iter().any(|c| c.name == name),
-            pause::PauseKind::Provider => queue.providers.contains_key(&name),
+    let set = |kind: PauseKind, name: String, paused: bool| async move {
+        let changed = queue.set_pause(kind, &name, paused, actor).await?;
+        let Some(changed) = changed else {
+            anyhow::bail!("no {} named {name:?} in the configuration", kind.as_str());
         };
-        anyhow::ensure!(known, "no {} named {name:?} in the configuration", kind.as_str());
-        let changed = pause::set(db, kind, &name, paused, actor).await?;
         let state = if paused { "paused" } else { "resumed" };
         if changed {
             eprintln!("{} {name} {state}: every pod follows within 1 s", kind.as_str());
@@ -247,20 +253,17 @@ pub(super) async fn run_queue(
         QueueCommand::Pause { kind, name } => set(kind, name, true).await?,
         QueueCommand::Resume { kind, name } => set(kind, name, false).await?,
         QueueCommand::Pauses => {
-            for row in pause::list(db).await? {
+            for row in queue.pauses().await? {
                 println!("{}", serde_json::to_string(&row)?);
             }
         }
         QueueCommand::CancelBatch { id } => {
-            let batch = cancel::batch(db, id).await?.ok_or_else(|| anyhow::anyhow!("no batch {id}"))?;
-            let canceled = cancel::cancel_batch(db, &batch, actor).await?;
+            let batch = queue.batch_for_operator(id).await?.ok_or_else(|| anyhow::anyhow!("no batch {id}"))?;
+            let canceled = queue.cancel_batch(batch, actor.clone()).await?;
             println!("{}", serde_json::json!({ "batch_id": id, "canceled": canceled }));
         }
         QueueCommand::EraseRecipient { recipient, tenant, apply } => {
-            let master = crate::keys::resolve::resolve_master_key(settings, false)?;
-            let seal = crate::queue::seal::Seal::from_settings(&master, &settings.security);
-            let report =
-                crate::queue::erase::erase_recipient(db, &seal, &recipient, tenant.as_deref(), apply, actor).await?;
+            let report = queue.erase_recipient(&recipient, tenant.as_deref(), apply, actor).await?;
             println!("{}", serde_json::to_string(&report)?);
             if !apply && report.matched > 0 {
                 eprintln!("dry run: nothing was changed; run again with --apply to erase");
@@ -270,21 +273,21 @@ pub(super) async fn run_queue(
     Ok(())
 }
 
-pub(super) async fn run_dlq(db: &sqlx::PgPool, command: DlqCommand) -> anyhow::Result<()> {
+pub(super) async fn run_dlq(queue: &Queue, command: DlqCommand) -> anyhow::Result<()> {
     use crate::queue::dlq;
     match command {
         DlqCommand::List { filter, limit } => {
             let filter = filter.filter();
             filter.validate().map_err(|e| anyhow::anyhow!(e))?;
             anyhow::ensure!(limit >= 1, "--limit must be at least 1");
-            for job in dlq::list(db, &filter, limit).await? {
+            for job in queue.dead_letters(&filter, limit).await? {
                 println!("{}", serde_json::to_string(&job)?);
             }
         }
         DlqCommand::Replay { filter, max, rate, extra_attempts } => {
             let replay = dlq::Replay { filter: filter.filter(), max, rate_per_sec: rate, extra_attempts };
             replay.validate().map_err(|e| anyhow::anyhow!(e))?;
-            let n = dlq::replay(db, &replay, &crate::audit::Actor::cli()).await?;
+            let n = queue.replay(&replay, &crate::audit::Actor::cli()).await?;
             println!("replayed {n} jobs at {rate}/s");
         }
         DlqCommand::Retry { id, extra_attempts } => {
@@ -293,11 +296,11 @@ pub(super) async fn run_dlq(db: &sqlx::PgPool, command: DlqCommand) -> anyhow::R
                 "--extra-attempts must be between 1 and {}",
                 dlq::MAX_EXTRA_ATTEMPTS
             );
-            let done = dlq::retry_one(db, id, extra_attempts, &crate::audit::Actor::cli()).await?;
+            let done = queue.retry_dead_letter(id, extra_attempts, &crate::audit::Actor::cli()).await?;
             print_dead_letter_action(id, done)?;
         }
         DlqCommand::Discard { id } => {
-            let done = dlq::discard_one(db, id, &crate::audit::Actor::cli()).await?;
+            let done = queue.discard_dead_letter(id, &crate::audit::Actor::cli()).await?;
             print_dead_letter_action(id, done)?;
         }
     }

@@ -4,10 +4,10 @@
 //! gateway of `cifpool fake-provider` (for tests, the lab, load runs and outage drills; the service
 //! itself never uses it).
 
-pub mod codes;
-pub mod database;
-pub mod fake_provider;
-pub mod pools;
+pub(crate) mod codes;
+pub(crate) mod database;
+pub(crate) mod fake_provider;
+pub(crate) mod pools;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -213,7 +213,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Dlq(command) => {
             crate::telemetry::init_logging(settings.log.format, "warn");
-            with_database(&settings, |db| Box::pin(run_dlq(db, command)))?;
+            let settings_ = settings.clone();
+            with_database(&settings, move |db| {
+                Box::pin(async move { run_dlq(&database::queue_service(db, &settings_)?, command).await })
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Keys(command) => {
@@ -229,7 +232,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Queue(command) => {
             crate::telemetry::init_logging(settings.log.format, "warn");
             let settings_ = settings.clone();
-            with_database(&settings, move |db| Box::pin(async move { run_queue(db, &settings_, command).await }))?;
+            with_database(&settings, move |db| {
+                Box::pin(async move { run_queue(&database::queue_service(db, &settings_)?, command).await })
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Pools(command) => {

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use crate::audit::Actor;
-use crate::cif::fence::{self, FencePolicy};
+use crate::cif::{Cif, FenceOutcome};
 use crate::config::Settings;
 
 /// `cifpool pools …` (connects to the database directly; the `/admin/pools/…` routes do the same over HTTP).
@@ -51,25 +51,26 @@ pub enum PoolsCommand {
 /// Runs `command` as the operator at the command line.
 pub(super) async fn run_pools(db: &sqlx::PgPool, settings: &Settings, command: PoolsCommand) -> anyhow::Result<()> {
     let actor = Actor::cli();
+    let cif = service(db, settings).await?;
     match command {
-        PoolsCommand::Fence { accept: true } => {
-            if fence::accept(db, &actor).await? {
+        PoolsCommand::Fence { accept } => match cif.fence(accept, &actor).await? {
+            FenceOutcome::Accepted { changed: true } => {
                 eprintln!("recorded this database as the one codes are issued from; nothing was set aside");
-            } else {
+            }
+            FenceOutcome::Accepted { changed: false } => {
                 eprintln!("this database is already the one codes are issued from: nothing to accept");
             }
-        }
-        PoolsCommand::Fence { accept: false } => {
-            let report = fence::fence_now(db, &FencePolicy::from_settings(settings), &actor).await?;
-            println!("{}", serde_json::to_string(&report)?);
-            eprintln!(
-                "fenced {} pools: their codes are set aside and they issue from fresh counters",
-                report.pools.len()
-            );
-        }
-        PoolsCommand::Reconcile { file, apply } => reconcile(db, settings, file, apply, &actor).await?,
+            FenceOutcome::Fenced(report) => {
+                println!("{}", serde_json::to_string(&report)?);
+                eprintln!(
+                    "fenced {} pools: their codes are set aside and they issue from fresh counters",
+                    report.pools.len()
+                );
+            }
+        },
+        PoolsCommand::Reconcile { file, apply } => reconcile(&cif, file, apply, &actor).await?,
         PoolsCommand::RotateKey { pool, key_id } => {
-            let rotation = service(db, settings).await?.rotate_key(&pool, &key_id, &actor).await?;
+            let rotation = cif.rotate_key(&pool, &key_id, &actor).await?;
             println!("{}", serde_json::to_string(&rotation)?);
             let r = &rotation.rotated;
             eprintln!(
@@ -85,31 +86,25 @@ pub(super) async fn run_pools(db: &sqlx::PgPool, settings: &Settings, command: P
             );
         }
         PoolsCommand::Locate { code } => {
-            let located = service(db, settings).await?.locate(code.trim()).await?;
+            let located = cif.locate(code.trim()).await?;
             println!("{}", serde_json::to_string(&located)?);
         }
     }
     Ok(())
 }
 
-/// The pool operations on `db`, for the configured pools (their keys derived from the master key).
-async fn service(db: &sqlx::PgPool, settings: &Settings) -> anyhow::Result<crate::cif::Cif> {
-    use crate::cif::fence::IncarnationGuard;
+/// The pool operations on `db` as `serve` offers them, for the configured pools (their keys derived
+/// from the master key).
+async fn service(db: &sqlx::PgPool, settings: &Settings) -> anyhow::Result<Cif> {
+    use crate::cif::fence::{FencePolicy, IncarnationGuard};
     let master = crate::keys::resolve::resolve_master_key(settings, false)?;
     let pools = crate::cif::Pools::reconcile(db, &settings.pools, &master).await?;
     let policy = FencePolicy::from_settings(settings);
     let upkeep = tokio_util::task::TaskTracker::new();
-    Ok(crate::cif::Cif::new(db.clone(), std::sync::Arc::new(pools), upkeep, IncarnationGuard::new(), policy))
+    Ok(Cif::new(db.clone(), std::sync::Arc::new(pools), upkeep, IncarnationGuard::new(), policy))
 }
 
-async fn reconcile(
-    db: &sqlx::PgPool,
-    settings: &Settings,
-    file: Option<PathBuf>,
-    apply: bool,
-    actor: &Actor,
-) -> anyhow::Result<()> {
-    let cif = service(db, settings).await?;
+async fn reconcile(cif: &Cif, file: Option<PathBuf>, apply: bool, actor: &Actor) -> anyhow::Result<()> {
     let list: Box<dyn tokio::io::AsyncBufRead + Unpin + Send> = match file {
         Some(path) if path.as_os_str() != "-" => Box::new(tokio::io::BufReader::new(
             tokio::fs::File::open(&path).await.with_context(|| format!("opening {}", path.display()))?,

@@ -5,7 +5,7 @@
 //! - [`embedded`]: a private Postgres cluster run from the installed binaries.
 
 pub mod embedded;
-pub mod open;
+pub(crate) mod open;
 
 pub use open::Database;
 

@@ -1,14 +1,14 @@
 //! HTTP layer: [`app`] builds the router (no I/O), [`serve`] runs it on a bound listener until a
 //! shutdown future resolves, so tests can bind port 0 and stop the server at will.
 
-pub mod admin;
-pub mod auth;
-pub mod cif;
-pub mod error;
-pub mod health;
-pub mod limits;
-pub mod notifications;
-pub mod observe;
+pub(crate) mod admin;
+pub(crate) mod auth;
+pub(crate) mod cif;
+pub(crate) mod error;
+pub(crate) mod health;
+pub(crate) mod limits;
+pub(crate) mod notifications;
+pub(crate) mod observe;
 
 use std::future::Future;
 

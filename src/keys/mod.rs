@@ -19,7 +19,7 @@ use rand::rngs::OsRng;
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-pub mod resolve;
+pub(crate) mod resolve;
 
 /// Length in bytes of both the master key and every pool key.
 pub(crate) const KEY_LEN: usize = 32;

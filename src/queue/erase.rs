@@ -20,7 +20,7 @@ const PAGE: i64 = 5_000;
 
 /// What an erasure found and did.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
-pub(crate) struct Erasure {
+pub struct Erasure {
     /// Jobs holding personal data that were read.
     pub scanned: u64,
     /// Of them, the recipient's.

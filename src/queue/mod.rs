@@ -38,30 +38,31 @@
 //! - [`pause`]: pause and resume a class or a provider for every pod.
 //! - [`erase`]: one customer's personal data erased on request.
 
-pub mod batch;
-pub mod budget;
-pub mod cancel;
-pub mod dlq;
-pub mod enqueue;
-pub mod erase;
-pub mod finish;
-pub mod intake;
-pub mod job;
-pub mod listen;
-pub mod pause;
+pub(crate) mod batch;
+pub(crate) mod budget;
+pub(crate) mod cancel;
+pub(crate) mod dlq;
+pub(crate) mod enqueue;
+pub(crate) mod erase;
+pub(crate) mod finish;
+pub(crate) mod intake;
+pub(crate) mod job;
+pub(crate) mod listen;
+pub(crate) mod pause;
 pub mod policy;
-pub mod privacy;
+pub(crate) mod privacy;
 pub mod provider;
-pub mod runtime;
-pub mod scrub;
-pub mod seal;
-pub mod service;
-pub mod stage;
-pub mod stats;
-pub mod status;
-pub mod store;
-pub mod sweep;
-pub mod view;
-pub mod worker;
+pub(crate) mod runtime;
+pub(crate) mod scrub;
+pub(crate) mod seal;
+pub(crate) mod service;
+pub(crate) mod stage;
+pub(crate) mod stats;
+pub(crate) mod status;
+pub(crate) mod store;
+pub(crate) mod sweep;
+pub(crate) mod view;
+pub(crate) mod worker;
 
+pub use job::NewJob;
 pub use service::Queue;

@@ -2,10 +2,10 @@
 //! over OTLP when `telemetry.otlp_endpoint` is set ([`traces`]), and Prometheus metrics ([`prometheus`],
 //! with the process, database-pool and build gauges of [`collectors`]).
 
-pub mod collectors;
-pub mod horizon;
-pub mod prometheus;
-pub mod traces;
+pub(crate) mod collectors;
+pub(crate) mod horizon;
+pub(crate) mod prometheus;
+pub(crate) mod traces;
 
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::EnvFilter;

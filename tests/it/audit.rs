@@ -3,7 +3,7 @@
 
 use crate::common;
 
-use cifpool::cif::refill::{RefillOptions, refill};
+use cifpool::internals::refill::{RefillOptions, refill};
 use common::{TEST_ADMIN_TOKEN, TestApp, client_with_key, fresh_database, spawn_passive_app, test_settings_with_pools};
 use serde_json::{Value, json};
 
@@ -23,8 +23,8 @@ fn actions(events: &[Value]) -> Vec<&str> {
 }
 
 async fn key_name(app: &TestApp) -> String {
-    let digest = cifpool::auth::api_key::digest(&app.key);
-    cifpool::auth::api_key::find(&app.state.db, &digest).await.unwrap().unwrap().name
+    let digest = cifpool::internals::api_key::digest(&app.key);
+    cifpool::internals::api_key::find(&app.state.db, &digest).await.unwrap().unwrap().name
 }
 
 #[tokio::test]
@@ -104,7 +104,7 @@ async fn release_replay_reclaim_refill_and_admin_actions_are_recorded_by_their_a
         .execute(&db.pool)
         .await
         .unwrap();
-    cifpool::cif::reclaim::reclaim(&app.state.db, app.state.cif.pools(), None, &cifpool::audit::Actor::system())
+    cifpool::internals::reclaim::reclaim(&app.state.db, app.state.cif.pools(), None, &cifpool::audit::Actor::system())
         .await
         .unwrap();
     let reclaimed = trail(&app, &format!("cif={lapsed}&action=cif.reclaimed")).await;

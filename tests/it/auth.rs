@@ -7,7 +7,8 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use cifpool::audit::Actor;
-use cifpool::auth::{Scope, api_key};
+use cifpool::auth::Scope;
+use cifpool::internals::api_key;
 use common::{
     TEST_ADMIN_TOKEN, TestApp, assert_problem, client_with_key, create_key, fresh_database, spawn_passive_app,
     test_settings_with_pools,
@@ -218,7 +219,7 @@ async fn a_busy_key_and_a_guessing_address_are_limited_without_touching_others()
 /// cached (its next request asks nothing of the database) however many strangers come.
 #[tokio::test]
 async fn made_up_secrets_cannot_flush_a_real_key_from_the_cache() {
-    use cifpool::auth::authenticator::Authenticator;
+    use cifpool::auth::Authenticator;
     let db = fresh_database().await;
     let real = create_key(&db.pool, &[Scope::CifRead], None).await;
     let auth = Authenticator::with_capacity(db.pool.clone(), None, tokio_util::task::TaskTracker::new(), 50);
@@ -310,10 +311,10 @@ async fn keys_are_created_listed_and_revoked_over_http_and_a_revocation_reaches_
 async fn the_unversioned_cif_paths_are_the_v1_handlers() {
     let db = fresh_database().await;
     let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
-    cifpool::cif::refill::refill(
+    cifpool::internals::refill::refill(
         &app.state.db,
         app.state.cif.pools().get("individual").unwrap(),
-        cifpool::cif::refill::RefillOptions { force: true, ..Default::default() },
+        cifpool::internals::refill::RefillOptions { force: true, ..Default::default() },
     )
     .await
     .unwrap();

@@ -77,7 +77,7 @@ async fn a_batch_sent_in_many_pieces_spanning_many_copy_chunks_is_stored_whole_i
     let e = env().await;
     let n = 100_000;
     let body = batch_body(n, |i| if i % 7 == 0 { r#","tenant":"bank""#.to_string() } else { String::new() });
-    assert!(body.len() > 3 * cifpool::queue::batch::rows::CHUNK_BYTES, "spans several COPY chunks");
+    assert!(body.len() > 3 * cifpool::internals::batch::CHUNK_BYTES, "spans several COPY chunks");
     let (status, answer) = post_in_pieces(&e, body.as_bytes(), 2_000, None).await;
     assert_eq!(status, 202, "{answer}");
     assert_eq!((answer["accepted"].as_u64(), answer["duplicates"].as_u64()), (Some(n as u64), Some(0)));

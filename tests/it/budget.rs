@@ -8,11 +8,11 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use cifpool::cli::fake_provider::FakeBehaviour;
 use cifpool::config::Settings;
-use cifpool::queue::budget::Room;
+use cifpool::internals::budget::Room;
+use cifpool::internals::fake_provider::FakeBehaviour;
+use cifpool::internals::worker::Outcome;
 use cifpool::queue::policy::Strategy;
-use cifpool::queue::worker::Outcome;
 use common::queue_env::{drain, env};
 use common::{FakeServer, TestApp, fake_server, fresh_database, spawn_app_with, test_settings_with_pools};
 use serde_json::{Value, json};

@@ -9,8 +9,8 @@ use crate::common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cifpool::cli::fake_provider::FakeBehaviour;
 use cifpool::db::embedded::{EmbeddedOptions, EmbeddedPostgres, create_server_owned_dir};
+use cifpool::internals::fake_provider::FakeBehaviour;
 use common::{fake_server, spawn_app_with, test_settings_with_pools, use_fake_providers};
 use serde_json::{Value, json};
 

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cifpool::cli::fake_provider::FakeBehaviour;
 use cifpool::db::embedded::{EmbeddedOptions, EmbeddedPostgres, create_server_owned_dir};
+use cifpool::internals::fake_provider::FakeBehaviour;
 use common::{TEST_ADMIN_TOKEN, fake_server, serve_command};
 use rand::Rng;
 use serde_json::{Value, json};

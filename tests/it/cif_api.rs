@@ -5,8 +5,9 @@ use crate::common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use cifpool::cif::refill::{RefillOptions, RefillOutcome, refill};
-use cifpool::cif::{Pool, reclaim};
+use cifpool::cif::Pool;
+use cifpool::internals::reclaim;
+use cifpool::internals::refill::{RefillOptions, RefillOutcome, refill};
 use common::{
     TEST_ADMIN_TOKEN, TestApp, assert_problem, client_with_key, create_key, fresh_database, spawn_passive_app,
     test_settings_with_pools,

@@ -6,8 +6,8 @@ use crate::common;
 use std::collections::HashSet;
 
 use cifpool::audit::Actor;
-use cifpool::cif::refill::{RefillOptions, refill};
-use cifpool::cif::store::{Request, Reserved, reserve_many};
+use cifpool::internals::refill::{RefillOptions, refill};
+use cifpool::internals::reservations::{Request, Reserved, reserve_many};
 use common::{fresh_database, spawn_passive_app, test_settings_with_pools};
 use serde_json::json;
 

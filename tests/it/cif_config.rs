@@ -5,8 +5,8 @@ use crate::common;
 use std::io::Write;
 
 use cifpool::cif::Pools;
-use cifpool::cif::refill::{RefillOptions, RefillOutcome, refill};
 use cifpool::config::Settings;
+use cifpool::internals::refill::{RefillOptions, RefillOutcome, refill};
 use common::{fresh_database, test_master_key, test_pool};
 
 fn pools_file(pools: &[(&str, &str, u32)]) -> tempfile::NamedTempFile {
@@ -100,7 +100,7 @@ async fn pinned_fields_cannot_change_once_codes_were_issued() {
         ),
         ("prefix", Box::new(|p: &mut cifpool::config::PoolSettings| p.prefix = "9".into())),
         ("digits", Box::new(|p: &mut cifpool::config::PoolSettings| p.digits = 12)),
-        ("check", Box::new(|p: &mut cifpool::config::PoolSettings| p.check = cifpool::code::check::CheckScheme::Luhn)),
+        ("check", Box::new(|p: &mut cifpool::config::PoolSettings| p.check = cifpool::code::CheckScheme::Luhn)),
     ] {
         let mut changed = original.clone();
         change(&mut changed[0]);

@@ -7,8 +7,8 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use cifpool::audit::Actor;
-use cifpool::cif::reclaim;
-use cifpool::cif::refill::{RefillOptions, RefillOutcome, refill};
+use cifpool::internals::reclaim;
+use cifpool::internals::refill::{RefillOptions, RefillOutcome, refill};
 use common::{TEST_ADMIN_TOKEN, TestApp, fresh_database, spawn_app_with, test_settings_with_pools};
 use serde_json::{Value, json};
 

@@ -6,8 +6,8 @@ use crate::common;
 
 use std::time::Duration;
 
+use cifpool::internals::queue_store::{self as store, ClaimClass};
 use cifpool::queue::policy::{ClaimOrder, GroupPolicy, JobKey};
-use cifpool::queue::store::{self, ClaimClass};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sqlx::PgPool;
@@ -173,6 +173,6 @@ fn order_columns_render_the_claim_index() {
 }
 
 /// The rows here are written in clear, as jobs stored before sealing are: the seal only opens sealed ones.
-fn test_seal() -> cifpool::queue::seal::Seal {
-    cifpool::queue::seal::Seal::new(&crate::common::test_master_key(), "test", true)
+fn test_seal() -> cifpool::internals::seal::Seal {
+    cifpool::internals::seal::Seal::new(&crate::common::test_master_key(), "test", true)
 }

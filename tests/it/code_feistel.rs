@@ -1,7 +1,7 @@
 //! Bijectivity and round-trip properties of the keyed permutation and the codec.
 
-use cifpool::code::feistel::{MAX_DIGITS, MIN_DIGITS};
 use cifpool::code::{CheckScheme, CodeFormat, DomainError, FeistelPermutation, PoolCodec};
+use cifpool::code::{MAX_DIGITS, MIN_DIGITS};
 use cifpool::keys::{MasterKey, PoolKey};
 use proptest::prelude::*;
 

@@ -5,9 +5,9 @@
 use crate::common;
 
 use cifpool::auth::Scope;
-use cifpool::cli::fake_provider::FakeBehaviour;
+use cifpool::internals::fake_provider::FakeBehaviour;
+use cifpool::internals::worker::Outcome;
 use cifpool::queue::policy::Strategy;
-use cifpool::queue::worker::Outcome;
 use common::queue_env::{Env, drain, env, env_with};
 use common::{TEST_ADMIN_TOKEN, create_key};
 use reqwest::StatusCode;
@@ -90,7 +90,7 @@ async fn audit_rows(e: &Env, action: &str) -> Vec<(String, Option<serde_json::Va
 }
 
 async fn key_name(e: &Env, key: &str) -> String {
-    let digest = cifpool::auth::api_key::digest(key);
+    let digest = cifpool::internals::api_key::digest(key);
     sqlx::query_scalar("SELECT name FROM api_keys WHERE digest = $1")
         .bind(digest.as_slice())
         .fetch_one(&e.db.pool)
@@ -116,7 +116,7 @@ async fn signing_in_with_an_admin_key_gives_a_strict_http_only_cookie_and_stores
     let rows: Vec<(Vec<u8>, Option<String>)> =
         sqlx::query_as("SELECT digest, key_name FROM console_sessions").fetch_all(&e.db.pool).await.unwrap();
     let name = key_name(&e, &e.app.key).await;
-    assert_eq!(rows, vec![(cifpool::auth::api_key::digest(&token).to_vec(), Some(name.clone()))]);
+    assert_eq!(rows, vec![(cifpool::internals::api_key::digest(&token).to_vec(), Some(name.clone()))]);
     let dump: String = sqlx::query_scalar("SELECT string_agg(t::text, ' ') FROM console_sessions t")
         .fetch_one(&e.db.pool)
         .await

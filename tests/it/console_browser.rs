@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cifpool::cli::fake_provider::FakeBehaviour;
+use cifpool::internals::fake_provider::FakeBehaviour;
 use cifpool::queue::policy::Strategy;
 use common::queue_env::{drain, env};
 use fantoccini::{Client, ClientBuilder, Locator};

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use crate::common;
 
-use cifpool::cif::refill::{RefillOptions, RefillOutcome, refill};
 use cifpool::config::OnIncarnationChange;
+use cifpool::internals::refill::{RefillOptions, RefillOutcome, refill};
 use common::{TEST_ADMIN_TOKEN, TestApp, client_with_key, spawn_passive_app, test_settings_with_pools};
 use serde_json::{Value, json};
 use sqlx::Connection;

@@ -40,7 +40,7 @@ async fn readyz_is_503_problem_quickly_when_the_database_is_unreachable() {
     let url = format!("postgres://postgres@localhost/nothing?host={}&port=5432", dir.path().display());
     let settings = test_settings(&url);
     let options = cifpool::db::options_from_url(settings.database.url.as_ref().unwrap()).unwrap();
-    let pool = cifpool::db::pool(&settings.database, options, &cifpool::cif::fence::IncarnationGuard::new());
+    let pool = cifpool::db::pool(&settings.database, options, &cifpool::internals::fence::IncarnationGuard::new());
     let state = AppState::new(pool, settings, Default::default(), &common::test_master_key());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

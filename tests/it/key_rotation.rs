@@ -6,8 +6,8 @@ use crate::common;
 
 use std::collections::HashSet;
 
-use cifpool::cif::refill::{RefillOptions, refill};
 use cifpool::code::Cipher;
+use cifpool::internals::refill::{RefillOptions, refill};
 use common::{assert_problem, fresh_database, spawn_passive_app, test_pool, test_settings_with_pools};
 use serde_json::{Value, json};
 

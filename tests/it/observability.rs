@@ -91,12 +91,12 @@ impl Serve {
 }
 
 async fn named_key(db: &sqlx::PgPool, name: &str) -> String {
-    let new = cifpool::auth::api_key::NewKey {
+    let new = cifpool::internals::api_key::NewKey {
         name: name.to_string(),
         scopes: cifpool::auth::Scope::ALL.iter().map(|s| s.as_str().to_string()).collect(),
         tenants: None,
     };
-    cifpool::auth::api_key::create(db, &cifpool::audit::Actor::system(), &new).await.unwrap().key
+    cifpool::internals::api_key::create(db, &cifpool::audit::Actor::system(), &new).await.unwrap().key
 }
 
 #[tokio::test]
@@ -341,7 +341,7 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// long as it holds it (what CifDatabaseHorizonHeld watches); no replication slot holds anything here.
 #[tokio::test]
 async fn an_open_snapshot_shows_in_the_horizon_and_leaves_with_it() {
-    use cifpool::telemetry::horizon;
+    use cifpool::internals::horizon;
     let db = fresh_database().await;
     let idle = horizon::read(&db.pool).await.unwrap();
     assert!(idle.oldest_snapshot_age_s < 1.0, "{idle:?}");

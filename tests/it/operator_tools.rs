@@ -4,9 +4,9 @@
 
 use crate::common;
 
-use cifpool::cli::fake_provider::FakeBehaviour;
+use cifpool::internals::fake_provider::FakeBehaviour;
+use cifpool::internals::worker::Outcome;
 use cifpool::queue::policy::Strategy;
-use cifpool::queue::worker::Outcome;
 use common::queue_env::{Env, env};
 use common::{TEST_ADMIN_TOKEN, assert_cli_error, cifpool_cli, fresh_database, json_lines};
 use serde_json::{Value, json};

@@ -5,8 +5,8 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use cifpool::cif::refill::{RefillOptions, RefillOutcome, refill};
-use cifpool::cif::upkeep;
+use cifpool::internals::refill::{RefillOptions, RefillOutcome, refill};
+use cifpool::internals::upkeep;
 use common::{
     TEST_ADMIN_TOKEN, TestApp, TestDb, block_counter, fresh_database, spawn_passive_app, test_settings_with_pools,
     wait_for_a_lock_wait,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common;
 
-use cifpool::cli::fake_provider::FakeBehaviour;
+use cifpool::internals::fake_provider::FakeBehaviour;
 use cifpool::queue::policy::Strategy;
 use common::TEST_ADMIN_TOKEN;
 use common::queue_env::{Env, drain, env_with};
@@ -68,13 +68,13 @@ async fn a_sent_otp_keeps_nothing_readable_and_a_kept_class_is_erased_when_its_t
     assert!((erase_at_in_days - 30.0).abs() < 0.01, "{erase_at_in_days}");
 
     // Not due yet: the sweep leaves it. Due: erased, and out of the sweep's index.
-    assert_eq!(cifpool::queue::store::erase_due(&e.db.pool, 1000).await.unwrap(), 0);
+    assert_eq!(cifpool::internals::queue_store::erase_due(&e.db.pool, 1000).await.unwrap(), 0);
     sqlx::query("UPDATE notification_jobs SET personal_data_erase_at = now() - interval '1 second' WHERE id = $1")
         .bind(promo)
         .execute(&e.db.pool)
         .await
         .unwrap();
-    assert_eq!(cifpool::queue::store::erase_due(&e.db.pool, 1000).await.unwrap(), 1);
+    assert_eq!(cifpool::internals::queue_store::erase_due(&e.db.pool, 1000).await.unwrap(), 1);
     assert_eq!(stored(&e, promo).await, (None, "***************cdef".into(), Some(30.0 * 86_400.0), false, false));
 
     // What a backup would copy: neither the code nor the number.
@@ -100,7 +100,7 @@ async fn expired_canceled_and_discarded_jobs_are_erased_and_dead_letters_keep_th
         .execute(&e.db.pool)
         .await
         .unwrap();
-    cifpool::queue::store::expire_overdue(&e.db.pool, 100).await.unwrap();
+    cifpool::internals::queue_store::expire_overdue(&e.db.pool, 100).await.unwrap();
     assert_eq!(e.status(expired).await, "expired");
     assert_eq!(stored(&e, expired).await, (None, "********0001".into(), None, false, false));
 

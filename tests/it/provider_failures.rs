@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
-use cifpool::cli::fake_provider::FakeBehaviour;
+use cifpool::internals::fake_provider::FakeBehaviour;
+use cifpool::internals::queue_store as store;
+use cifpool::internals::worker::Outcome;
 use cifpool::queue::policy::Strategy;
 use cifpool::queue::provider::{HttpProvider, Message, Provider, SendError};
-use cifpool::queue::store;
-use cifpool::queue::worker::Outcome;
 use common::queue_env::{Env, env_with};
 use common::{fake_server, joined};
 

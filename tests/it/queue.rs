@@ -5,14 +5,14 @@ use crate::common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cifpool::claim::Fenced;
-use cifpool::cli::fake_provider::FakeBehaviour;
+use cifpool::cif::Fenced;
 use cifpool::config::OverloadMode;
-use cifpool::queue::budget::{ProviderBudget, Room};
+use cifpool::internals::budget::{ProviderBudget, Room};
+use cifpool::internals::fake_provider::FakeBehaviour;
+use cifpool::internals::stats::ClassStats;
+use cifpool::internals::worker::Outcome;
+use cifpool::internals::{intake, queue_store as store};
 use cifpool::queue::policy::{ClaimOrder, GroupPolicy, Strategy};
-use cifpool::queue::stats::ClassStats;
-use cifpool::queue::worker::Outcome;
-use cifpool::queue::{intake, store};
 use common::queue_env::{Env, drain, env, env_with};
 use common::{
     TEST_ADMIN_TOKEN, assert_problem, fake_server, fresh_database, test_settings_with_pools, use_fake_providers,

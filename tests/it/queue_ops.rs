@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, SubsecRound, Utc};
 use cifpool::auth::Scope;
-use cifpool::cli::fake_provider::FakeBehaviour;
 use cifpool::config::OverloadMode;
-use cifpool::queue::intake::{self, Admission};
+use cifpool::internals::fake_provider::FakeBehaviour;
+use cifpool::internals::intake::{self, Admission};
+use cifpool::internals::stats::{ClassStats, Refreshed, STATS_LOCK};
+use cifpool::internals::worker::Outcome;
 use cifpool::queue::policy::Strategy;
-use cifpool::queue::stats::{ClassStats, Refreshed, STATS_LOCK};
-use cifpool::queue::worker::Outcome;
 use common::queue_env::{Env, drain, env, env_with};
 use common::{
     TEST_ADMIN_TOKEN, TestApp, assert_problem, client_with_key, create_key, spawn_passive_app,

@@ -5,8 +5,8 @@
 
 use crate::common;
 
+use cifpool::internals::queue_store::ClaimedJob;
 use cifpool::queue::policy::Strategy;
-use cifpool::queue::store::ClaimedJob;
 use common::queue_env::{Env, drain, env_with};
 use common::{spawn_passive_app, test_settings_with_pools, use_fake_providers};
 use serde_json::{Value, json};
@@ -166,7 +166,9 @@ async fn a_customers_erasure_request_leaves_none_of_their_data_and_nothing_of_th
     let job = |class: &str, recipient: &str| json!({ "class": class, "tenant": "bank", "recipient": recipient, "payload": {"text": "x"} });
     let kept = enqueue(&e.app, job("promo", customer)).await;
     drain(&e.group(Strategy::Fifo, 0)).await;
-    e.sms.fake.set_behaviour(cifpool::cli::fake_provider::FakeBehaviour { reject_rate: 1.0, ..Default::default() });
+    e.sms
+        .fake
+        .set_behaviour(cifpool::internals::fake_provider::FakeBehaviour { reject_rate: 1.0, ..Default::default() });
     let dead = enqueue(&e.app, job("transactional", customer)).await;
     drain(&e.group(Strategy::Fifo, 0)).await;
     let waiting = enqueue(&e.app, job("transactional", customer)).await;

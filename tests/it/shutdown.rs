@@ -6,7 +6,7 @@ use crate::common;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use cifpool::cli::fake_provider::FakeBehaviour;
+use cifpool::internals::fake_provider::FakeBehaviour;
 use common::{FakeServer, fake_server, fresh_database, serve_command};
 use serde_json::json;
 

@@ -5,8 +5,8 @@
 
 use std::hint::black_box;
 
+use cifpool::internals::seal::Seal;
 use cifpool::keys::MasterKey;
-use cifpool::queue::seal::Seal;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 fn bench(c: &mut Criterion) {

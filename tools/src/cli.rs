@@ -120,7 +120,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Lab(args) => {
             // Sends still in flight when a cell ends are abandoned on purpose; their failed finishes
             // are expected noise here.
-            cifpool::telemetry::init_logging(settings.log.format, "warn,cifpool::queue::worker=error");
+            cifpool::telemetry::init_logging(settings.log.format, "warn,cifpool::internals::worker=error");
             run_lab(&settings, &args)
         }
     }

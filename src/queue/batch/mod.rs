@@ -13,11 +13,11 @@
 //! Everything happens in one transaction: a bad job at index 499,999, a body cut off, a class shed by
 //! backpressure or any database error rolls it all back, leaving nothing behind.
 
-pub mod body;
-pub mod insert;
-pub mod parse;
-pub mod rows;
-pub mod rules;
+pub(crate) mod body;
+pub(crate) mod insert;
+pub(crate) mod parse;
+pub(crate) mod rows;
+pub(crate) mod rules;
 
 use std::sync::Arc;
 
@@ -25,7 +25,7 @@ use sqlx::PgPool;
 use tokio::sync::mpsc;
 
 use crate::auth::Caller;
-pub use crate::queue::batch::body::{BoxError, ByteStream};
+pub use crate::queue::batch::body::ByteStream;
 use crate::queue::intake::{BatchSubmitted, SubmitError, delay_or_shed};
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::stats::QueueStats;

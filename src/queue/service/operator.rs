@@ -5,8 +5,10 @@ use std::sync::Arc;
 
 use super::Queue;
 use crate::audit::Actor;
+use crate::queue::cancel::{self, Batch};
 use crate::queue::dlq::{self, DeadJob, DeadLetterAction, DlqFilter, Replay};
-use crate::queue::pause::PauseKind;
+use crate::queue::erase::{self, Erasure};
+use crate::queue::pause::{self, PauseKind, PauseRow};
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::stats::QueueStats;
 use crate::queue::view::{self, QueueView};
@@ -73,5 +75,28 @@ impl Queue {
     /// Marks dead letter `id` discarded (kept with its history until retention purges it).
     pub async fn discard_dead_letter(&self, id: i64, actor: &Actor) -> Result<DeadLetterAction, sqlx::Error> {
         dlq::discard_one(&self.db, id, actor).await
+    }
+
+    /// The pauses recorded for every pod, whether or not this deployment configures their class or
+    /// provider.
+    pub async fn pauses(&self) -> Result<Vec<PauseRow>, sqlx::Error> {
+        pause::list(&self.db).await
+    }
+
+    /// Batch `id` whatever tenants it holds: the operator's view, for whom no tenant is out of reach.
+    pub async fn batch_for_operator(&self, id: i64) -> Result<Option<Batch>, sqlx::Error> {
+        cancel::batch(&self.db, id).await
+    }
+
+    /// Erases what the service holds of `recipient` (of `tenant`'s jobs only, if given; see
+    /// [`crate::queue::erase`]); with `apply` off, only counts.
+    pub async fn erase_recipient(
+        &self,
+        recipient: &str,
+        tenant: Option<&str>,
+        apply: bool,
+        actor: &Actor,
+    ) -> Result<Erasure, sqlx::Error> {
+        erase::erase_recipient(&self.db, &self.runtime.seal, recipient, tenant, apply, actor).await
     }
 }

@@ -75,12 +75,15 @@ pub fn client_with_key(key: &str) -> reqwest::Client {
 
 /// Creates an API key with `scopes` (and `tenants`) under a fresh name; returns its secret.
 pub async fn create_key(db: &sqlx::PgPool, scopes: &[cifpool::auth::Scope], tenants: Option<&[&str]>) -> String {
-    let new = cifpool::auth::api_key::NewKey {
+    let new = cifpool::internals::api_key::NewKey {
         name: format!("test-{}", uuid::Uuid::new_v4().simple()),
         scopes: scopes.iter().map(|s| s.as_str().to_string()).collect(),
         tenants: tenants.map(|t| t.iter().map(|s| s.to_string()).collect()),
     };
-    cifpool::auth::api_key::create(db, &cifpool::audit::Actor::system(), &new).await.expect("creating a test key").key
+    cifpool::internals::api_key::create(db, &cifpool::audit::Actor::system(), &new)
+        .await
+        .expect("creating a test key")
+        .key
 }
 
 /// Builds the app on the database of `settings` (tests always name one) with the test master key.
@@ -115,7 +118,7 @@ pub fn test_pool(name: &str, prefix: &str) -> cifpool::config::PoolSettings {
         name: name.into(),
         prefix: prefix.into(),
         digits: 9,
-        check: cifpool::code::check::CheckScheme::Damm,
+        check: cifpool::code::CheckScheme::Damm,
         key_id: "test-1".into(),
         cipher: None,
         low_watermark: 1000,
@@ -167,17 +170,17 @@ pub async fn assert_problem(response: reqwest::Response, status: u16) -> serde_j
 /// An in-process fake provider on port 0.
 pub struct FakeServer {
     /// Its state (behaviour, delivery counts).
-    pub fake: std::sync::Arc<cifpool::cli::fake_provider::FakeProvider>,
+    pub fake: std::sync::Arc<cifpool::internals::fake_provider::FakeProvider>,
     /// Base URL.
     pub url: String,
 }
 
 /// Starts a fake provider for the rest of the test.
-pub async fn fake_server(behaviour: cifpool::cli::fake_provider::FakeBehaviour) -> FakeServer {
-    let fake = cifpool::cli::fake_provider::FakeProvider::new(behaviour);
+pub async fn fake_server(behaviour: cifpool::internals::fake_provider::FakeBehaviour) -> FakeServer {
+    let fake = cifpool::internals::fake_provider::FakeProvider::new(behaviour);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(cifpool::cli::fake_provider::serve(fake.clone(), listener, std::future::pending()));
+    tokio::spawn(cifpool::internals::fake_provider::serve(fake.clone(), listener, std::future::pending()));
     FakeServer { fake, url }
 }
 

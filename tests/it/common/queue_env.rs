@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use cifpool::cli::fake_provider::FakeBehaviour;
+use cifpool::internals::fake_provider::FakeBehaviour;
+use cifpool::internals::worker::{Outcome, WorkerGroup};
 use cifpool::queue::policy::Strategy;
-use cifpool::queue::worker::{Outcome, WorkerGroup};
 use serde_json::{Value, json};
 
 use super::{
@@ -121,7 +121,9 @@ impl Env {
     /// One stager pass: scheduled jobs that are due become pending (what the stager loop does every
     /// second in a running instance); returns how many.
     pub async fn promote(&self) -> u64 {
-        cifpool::queue::stage::promote_due(&self.app.state.db, self.app.state.notifications.runtime()).await.unwrap()
+        cifpool::internals::stage::promote_due(&self.app.state.db, self.app.state.notifications.runtime())
+            .await
+            .unwrap()
     }
 
     /// Every job's id, recipient and payload as enqueued, in id order: sealed ones opened as a worker

@@ -289,7 +289,7 @@ async fn send(client: &reqwest::Client, url: &str, guess: bool) -> Result<(), St
     let mut request = client.post(url).header("content-type", "application/json").header("x-holder", HOLDER).body(BODY);
     if guess {
         // A request's own header wins over the client's default one.
-        request = request.bearer_auth(cifpool::auth::api_key::generate_secret());
+        request = request.bearer_auth(cifpool::internals::api_key::generate_secret());
     }
     match request.send().await {
         Ok(resp) => {

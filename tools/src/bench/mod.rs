@@ -256,7 +256,7 @@ pub fn bench_pool(
         name: name.into(),
         prefix: prefix.into(),
         digits: 9,
-        check: cifpool::code::check::CheckScheme::Damm,
+        check: cifpool::code::CheckScheme::Damm,
         key_id: "bench".into(),
         cipher: None,
         low_watermark: 1,
@@ -400,12 +400,12 @@ pub(crate) async fn client(connect: &PgConnectOptions, timeout: Duration) -> any
 /// A new API key with every scope, in the scratch database behind `connect`.
 pub(crate) async fn api_key(connect: &PgConnectOptions) -> anyhow::Result<String> {
     let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_with(connect.clone()).await?;
-    let new = cifpool::auth::api_key::NewKey {
+    let new = cifpool::internals::api_key::NewKey {
         name: format!("bench-{}", chrono::Utc::now().timestamp_micros()),
         scopes: cifpool::auth::Scope::ALL.iter().map(|s| s.as_str().to_string()).collect(),
         tenants: None,
     };
-    let created = cifpool::auth::api_key::create(&db, &cifpool::audit::Actor::system(), &new).await;
+    let created = cifpool::internals::api_key::create(&db, &cifpool::audit::Actor::system(), &new).await;
     db.close().await;
     Ok(created?.key)
 }

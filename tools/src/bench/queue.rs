@@ -348,7 +348,7 @@ pub(crate) async fn watch(
 /// Jobs of `class` the services of this process have marked sent so far (the process-wide
 /// `cifpool_queue_sent_total{class}`; 0 before the first).
 fn sent_counter(class: &str) -> u64 {
-    let rendered = cifpool::telemetry::prometheus::metrics_handle().render();
+    let rendered = cifpool::telemetry::metrics_handle().render();
     let series = format!("cifpool_queue_sent_total{{class=\"{class}\"}} ");
     rendered
         .lines()

@@ -35,7 +35,7 @@ impl RawMethod {
 /// (`-D`), so with `-M prepared` the server sees the same prepared statement with the same parameter
 /// positions.
 pub fn pgbench_script() -> String {
-    let sql = cifpool::cif::store::reserve_sql()
+    let sql = cifpool::internals::reservations::reserve_sql()
         .replace("$1", ":lim")
         .replace("$2", ":lease")
         .replace("$3", ":pool_id")
@@ -174,7 +174,7 @@ pub(crate) async fn sqlx_level(
             let (mut lat, mut failed, mut n) = (Vec::new(), 0u64, 0u64);
             while Instant::now() < deadline {
                 let t0 = Instant::now();
-                let res = sqlx::query(sqlx::AssertSqlSafe(cifpool::cif::store::reserve_sql()))
+                let res = sqlx::query(sqlx::AssertSqlSafe(cifpool::internals::reservations::reserve_sql()))
                     .bind(1_i64)
                     .bind(lease)
                     .bind(pool_id)

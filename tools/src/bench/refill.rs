@@ -22,7 +22,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use super::report::{BenchReport, Machine, table as text_table, thousands};
 use super::{BenchArgs, bench_pool};
 use cifpool::cif::Pool;
-use cifpool::cif::refill::{RefillOptions, refill};
+use cifpool::internals::refill::{RefillOptions, refill};
 
 /// Name of the bench pool.
 pub const POOL: &str = "bench_refill";

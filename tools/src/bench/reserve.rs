@@ -9,7 +9,7 @@
 //!   client (keep-alive connection pool) with one tokio task per concurrent client, closed loop, in a
 //!   child process of its own ([`super::loadgen`]), so the CPU split tells the service, the load
 //!   generator and Postgres apart.
-//! - The raw side runs [`cifpool::cif::store::reserve_sql`] through `pgbench -M prepared` at the same
+//! - The raw side runs [`cifpool::internals::reservations::reserve_sql`] through `pgbench -M prepared` at the same
 //!   concurrency (`$n` binds turned into pgbench variables), or an in-process sqlx loop (one connection
 //!   per client, same statement, prepared) when pgbench is missing.
 //! - Before every measured phase, every code reserved by the previous phase is released and the table
@@ -37,8 +37,8 @@ use super::raw::{RawMethod, pgbench_level, sqlx_level};
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
 use super::{BenchArgs, RawMode, bench_pool, find_pgbench, scratch_dir};
 use cifpool::cif::Pool;
-use cifpool::cif::refill::{RefillOptions, RefillOutcome, refill};
 use cifpool::config::Settings;
+use cifpool::internals::refill::{RefillOptions, RefillOutcome, refill};
 
 /// Name (customer type) of the bench pool.
 pub const POOL: &str = "bench";
@@ -376,7 +376,7 @@ pub async fn run(
             auth,
             fixed_rate,
             under_guessing,
-            claim_sql: cifpool::cif::store::reserve_sql().to_string(),
+            claim_sql: cifpool::internals::reservations::reserve_sql().to_string(),
         })
     }
     .await;

@@ -15,15 +15,16 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use cifpool::auth::{Caller, Scope};
-use cifpool::cli::fake_provider::{FakeBehaviour, FakeProvider};
 use cifpool::config::{ClassSettings, ProviderKind, ProviderSettings, QueueSettings};
 use cifpool::db::Database;
-use cifpool::queue::batch;
-use cifpool::queue::enqueue;
-use cifpool::queue::intake::{self, NewJob};
+use cifpool::internals::batch;
+use cifpool::internals::enqueue;
+use cifpool::internals::fake_provider::{FakeBehaviour, FakeProvider};
+use cifpool::internals::intake;
+use cifpool::internals::runtime::QueueRuntime;
+use cifpool::internals::stats::QueueStats;
+use cifpool::queue::NewJob;
 use cifpool::queue::policy::Strategy;
-use cifpool::queue::runtime::QueueRuntime;
-use cifpool::queue::stats::QueueStats;
 use cifpool::supervise::Supervisor;
 
 use crate::load::{Schedule, fixed_rate};
@@ -180,7 +181,7 @@ async fn fake(latency: Duration) -> anyhow::Result<(Arc<FakeProvider>, String, C
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let stop = CancellationToken::new();
-    tokio::spawn(cifpool::cli::fake_provider::serve(fake.clone(), listener, stop.clone().cancelled_owned()));
+    tokio::spawn(cifpool::internals::fake_provider::serve(fake.clone(), listener, stop.clone().cancelled_owned()));
     Ok((fake, url, stop))
 }
 
@@ -255,7 +256,7 @@ pub async fn run_cell(
     // Jobs sealed as the service seals them, under a key of the lab's own.
     static MASTER: std::sync::LazyLock<cifpool::keys::MasterKey> =
         std::sync::LazyLock::new(cifpool::keys::MasterKey::generate);
-    let seal = cifpool::queue::seal::Seal::new(&MASTER, "lab", true);
+    let seal = cifpool::internals::seal::Seal::new(&MASTER, "lab", true);
     let rt = QueueRuntime::new(lab_queue(opts, strategy, &sms_url, &push_url), seal);
 
     // The promo backlog goes in through the service's own batch intake, as `POST
@@ -278,7 +279,7 @@ pub async fn run_cell(
     let started = Instant::now();
     let t0: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(db).await?;
     let mut tasks = Supervisor::new(Default::default(), stop.clone());
-    cifpool::queue::worker::start_all(&rt, db, Duration::ZERO, &mut tasks);
+    cifpool::internals::worker::start_all(&rt, db, Duration::ZERO, &mut tasks);
 
     // OTPs at a fixed rate, each at its scheduled instant (no drift from insert latency).
     let injector = {
