@@ -5,6 +5,8 @@
 //! - [`service`]: [`Cif`], the operations callers use (reserve, confirm, release, extend, look up)
 //!   with their metrics and the refill trigger.
 //! - [`store`]: reserve / confirm / release / extend / look up, on the shared [`crate::claim`] contract.
+//! - [`cursor`]: where an instance's reservations start scanning, so a held cleanup horizon does not
+//!   make each one read past every code reserved since.
 //! - [`refill`]: bounded-batch generation keeping pools above their low watermark.
 //! - [`refill_text`]: a refill batch's `COPY` text, encoded one batch ahead.
 //! - [`reclaim`]: returns holds whose lease expired (pods that died before confirming).
@@ -14,6 +16,7 @@
 //! - [`upkeep`]: when refill, reclaim and the gauges run (schedules, on-demand triggers).
 
 pub(crate) mod coalesce;
+pub(crate) mod cursor;
 pub(crate) mod epochs;
 pub(crate) mod fence;
 pub(crate) mod pools;

@@ -82,6 +82,8 @@ pub struct Pool {
     /// Whether this instance has a refill of the pool queued or running (one at a time is enough: a
     /// second would only learn from the advisory lock that the first is busy).
     pub(crate) refilling: AtomicBool,
+    /// Where this instance's reservations start scanning (see [`crate::cif::cursor`]).
+    pub(crate) cursor: crate::cif::cursor::ReserveCursor,
     /// The shared-statement reservations of this pool, started at the first reservation.
     pub(crate) coalescer: std::sync::OnceLock<crate::cif::coalesce::Coalescer>,
     /// The pool's keys over time, as this instance last read them (see [`crate::cif::epochs`]).
@@ -302,6 +304,7 @@ impl Pools {
                 last_depth_check_ms: AtomicI64::new(0),
                 last_empty_refill_ms: AtomicI64::new(0),
                 refilling: AtomicBool::new(false),
+                cursor: Default::default(),
                 coalescer: std::sync::OnceLock::new(),
             });
             pools.by_name.insert(settings.name.clone(), pool.clone());

@@ -35,16 +35,17 @@ pub(crate) const AVAILABLE: &str = "'available'";
 /// SQL literal of the held state.
 pub(crate) const RESERVED: &str = "'reserved'";
 
-/// Claim one code of pool `$3` for holder `$4`, with its audit row (actor `$5`, request id `$6`, pool
-/// name `$7`) in the same statement.
+/// Claim one code of pool `$3`, the lowest available from counter `$9` on (see
+/// [`crate::cif::cursor`]), for holder `$4`, with its audit row (actor `$5`, request id `$6`, pool name
+/// `$7`, client request id `$8`) in the same statement.
 static RESERVE: LazyLock<String> = LazyLock::new(|| {
     let claim = CODES.claim_sql(&ClaimSpec {
         free: AVAILABLE,
         held: RESERVED,
-        filter: "pool_id = $3",
+        filter: "pool_id = $3 AND counter >= $9",
         order_by: "pool_id, counter",
         set: "holder = $4, reserved_at = now()",
-        returning: "t.code, t.lease_token, t.lease_expires_at, t.holder",
+        returning: "t.code, t.lease_token, t.lease_expires_at, t.holder, t.counter",
         carry: "",
         gate: "",
         report: "",
@@ -58,20 +59,24 @@ static RESERVE: LazyLock<String> = LazyLock::new(|| {
         holder: "holder",
         ..Default::default()
     };
-    audited(&claim, &insert_from(action::CIF_RESERVED, &columns, "done"), "code, lease_token, lease_expires_at")
+    audited(
+        &claim,
+        &insert_from(action::CIF_RESERVED, &columns, "done"),
+        "code, lease_token, lease_expires_at, counter",
+    )
 });
 
-/// Claim up to `$1` codes of pool `$3` at once, one per waiting reservation: the i-th claimed row (in
+/// Claim up to `$1` codes of pool `$3` at once, from counter `$9` on, one per waiting reservation: the i-th claimed row (in
 /// claim order) goes to the i-th element of the holder `$4`, actor `$5`, request id `$6` and client
 /// request id `$8` arrays, with one audit row each (pool name `$7`). Returns each row's 1-based request index `rn`.
 static RESERVE_MANY: LazyLock<String> = LazyLock::new(|| {
     let claim = CODES.claim_sql(&ClaimSpec {
         free: AVAILABLE,
         held: RESERVED,
-        filter: "pool_id = $3",
+        filter: "pool_id = $3 AND counter >= $9",
         order_by: "pool_id, counter",
         set: "holder = admitted.holder, reserved_at = now()",
-        returning: "t.code, t.lease_token, t.lease_expires_at, t.holder, admitted.rn, admitted.actor, \
+        returning: "t.code, t.lease_token, t.lease_expires_at, t.holder, t.counter, admitted.rn, admitted.actor, \
                     admitted.request_id, admitted.client_request_id",
         carry: "",
         gate: "numbered AS ( \
@@ -92,7 +97,11 @@ static RESERVE_MANY: LazyLock<String> = LazyLock::new(|| {
         holder: "holder",
         ..Default::default()
     };
-    audited(&claim, &insert_from(action::CIF_RESERVED, &columns, "done"), "rn, code, lease_token, lease_expires_at")
+    audited(
+        &claim,
+        &insert_from(action::CIF_RESERVED, &columns, "done"),
+        "rn, code, lease_token, lease_expires_at, counter",
+    )
 });
 
 /// One reservation waiting to share a claim statement: who holds it and on whose behalf.
@@ -111,6 +120,25 @@ pub async fn reserve_many(
     pool: &Pool,
     requests: &[Request],
 ) -> Result<Vec<Option<Reservation>>, sqlx::Error> {
+    let floor = pool.cursor.floor(now_ms());
+    let mut out = claim_many(db, pool, requests.iter().collect(), floor).await?;
+    let missing: Vec<usize> = (0..out.len()).filter(|&i| out[i].is_none()).collect();
+    if !missing.is_empty() && pool.cursor.rewind(floor) {
+        let again = claim_many(db, pool, missing.iter().map(|&i| &requests[i]).collect(), 0).await?;
+        for (i, held) in missing.into_iter().zip(again) {
+            out[i] = held;
+        }
+    }
+    Ok(out)
+}
+
+/// One [`RESERVE_MANY`] from counter `floor` on, for `requests`; the answer is in their order.
+async fn claim_many(
+    db: &PgPool,
+    pool: &Pool,
+    requests: Vec<&Request>,
+    floor: i64,
+) -> Result<Vec<Option<Reservation>>, sqlx::Error> {
     let holders: Vec<Option<&str>> = requests.iter().map(|r| r.holder.as_deref()).collect();
     let actors: Vec<&str> = requests.iter().map(|r| r.actor.name.as_str()).collect();
     let request_ids: Vec<Option<&str>> = requests.iter().map(|r| r.actor.request_id.as_deref()).collect();
@@ -124,6 +152,7 @@ pub async fn reserve_many(
         .bind(&request_ids)
         .bind(pool.name())
         .bind(&client_request_ids)
+        .bind(floor)
         .fetch_all(db)
         .await?;
     let mut out = vec![None; requests.len()];
@@ -138,8 +167,8 @@ pub async fn reserve_many(
 
 /// The one-statement reservation the API runs, audit row included (binds: `$1` limit, `$2` lease
 /// seconds, `$3` pool id, `$4` holder, `$5` actor, `$6` request id, `$7` pool name, `$8` the
-/// caller's own request id), for benchmarks
-/// that compare the service with the same raw SQL.
+/// caller's own request id, `$9` the lowest counter to consider), for benchmarks that compare the
+/// service with the same raw SQL.
 pub fn reserve_sql() -> &'static str {
     RESERVE.as_str()
 }
@@ -208,7 +237,7 @@ pub async fn reserve(
     actor: &Actor,
 ) -> Result<Reserved, sqlx::Error> {
     let lease_secs = pool.settings.lease_ttl.as_secs_f64();
-    let claim = || {
+    let claim = |floor: i64| {
         sqlx::query(sqlx::AssertSqlSafe(RESERVE.as_str()))
             .bind(1_i64)
             .bind(lease_secs)
@@ -218,10 +247,15 @@ pub async fn reserve(
             .bind(&actor.request_id)
             .bind(pool.name())
             .bind(&actor.client_request_id)
+            .bind(floor)
     };
+    let floor = pool.cursor.floor(now_ms());
     let Some(key) = idempotency_key else {
-        // The common path: one autocommit statement.
-        let row = claim().fetch_optional(db).await?;
+        // The common path: one autocommit statement (two when the scan from the cursor comes back empty).
+        let mut row = claim(floor).fetch_optional(db).await?;
+        if row.is_none() && pool.cursor.rewind(floor) {
+            row = claim(0).fetch_optional(db).await?;
+        }
         return Ok(row.map_or(Reserved::Empty, |r| Reserved::Created(reservation(pool, &r))));
     };
 
@@ -231,7 +265,11 @@ pub async fn reserve(
     // Claim and record the key atomically; a concurrent request with the same key loses the insert,
     // rolls its claim (and its audit row) back and replays the winner's reservation.
     let mut tx = db.begin().await?;
-    let Some(row) = claim().fetch_optional(&mut *tx).await? else {
+    let mut row = claim(floor).fetch_optional(&mut *tx).await?;
+    if row.is_none() && pool.cursor.rewind(floor) {
+        row = claim(0).fetch_optional(&mut *tx).await?;
+    }
+    let Some(row) = row else {
         return Ok(Reserved::Empty);
     };
     let held = reservation(pool, &row);
@@ -291,13 +329,19 @@ async fn replay(
     }))
 }
 
+/// The reservation in a claimed row; the pool's cursor moves to its counter.
 fn reservation(pool: &Pool, row: &sqlx::postgres::PgRow) -> Reservation {
+    pool.cursor.took(row.get("counter"));
     Reservation {
         cif: row.get("code"),
         customer_type: pool.name().to_string(),
         reservation_token: row.get("lease_token"),
         lease_expires_at: row.get("lease_expires_at"),
     }
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
 }
 
 crate::statements::statements_of!(RESERVE, RESERVE_MANY, REPLAY);

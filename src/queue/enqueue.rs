@@ -16,40 +16,68 @@ pub(crate) fn weight(rt: &QueueRuntime, tenant: &str) -> f64 {
 }
 
 /// Moves a tenant's clock past `$3` keys from where the due front of priority `$1` stands, for tenant
-/// `$2`; returns the clock's new end.
+/// `$2`, looking for the front no lower than `$4`; returns the clock's new end and the front found.
 static RESERVE_FAIR_KEYS: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "WITH vt AS (SELECT coalesce(min(fair_key), 0) AS v FROM notification_jobs \
-                     WHERE priority = $1 AND status IN ({waiting}) AND run_after <= now()) \
+        "WITH vt AS (SELECT coalesce(min(fair_key), $4) AS v FROM notification_jobs \
+                     WHERE priority = $1 AND status IN ({waiting}) AND run_after <= now() AND fair_key >= $4) \
          INSERT INTO notification_tenant_clock AS c (priority, tenant, last_key) \
          SELECT $1, $2, vt.v + $3 FROM vt \
          ON CONFLICT (priority, tenant) DO UPDATE \
             SET last_key = greatest(c.last_key, (SELECT v FROM vt)) + $3 \
-         RETURNING last_key",
+         RETURNING last_key, (SELECT v FROM vt)",
         waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE)
     )
 });
+
+/// Where the due front of each priority stood when this instance last reserved fair keys there.
+///
+/// The front only moves on as jobs are claimed, so the next look for it starts where the last one
+/// found it: the index seek skips the entries of every job claimed before, instead of reading past
+/// them. Those entries are normally cleaned up quickly, but while a long transaction or a replication
+/// slot holds the database's cleanup horizon back they stay, and a look from the start read every
+/// one of them (measured: over a second per intake batch three minutes into a held snapshot). A due
+/// retry whose key lies behind the front no longer anchors it; it is still claimed first.
+#[derive(Debug, Default)]
+pub(crate) struct DueFronts(std::sync::Mutex<std::collections::BTreeMap<i16, f64>>);
+
+impl DueFronts {
+    /// Where to start looking for the front of `priority` (0 before the first look: keys start there).
+    fn floor(&self, priority: i16) -> f64 {
+        self.0.lock().expect("due fronts lock").get(&priority).copied().unwrap_or(0.0)
+    }
+
+    /// Records that the front of `priority` stood at `front`; it never moves back.
+    fn advance(&self, priority: i16, front: f64) {
+        let mut fronts = self.0.lock().expect("due fronts lock");
+        let at = fronts.entry(priority).or_insert(front);
+        *at = at.max(front);
+    }
+}
 
 /// Reserves `count` fair keys for `tenant` at `priority`: the tenant's clock moves on by
 /// `count / weight`, starting no earlier than the smallest key of the jobs that are due at that
 /// priority, the front of the queue (so a tenant returning after a pause does not jump the whole queue
 /// with stale credit). Jobs not due yet (a retry waiting out a long backoff) do not anchor it: a key
-/// from before their wait would hand a new tenant the turns of everyone queued since. Returns the
-/// first key and the step.
+/// from before their wait would hand a new tenant the turns of everyone queued since. With an empty
+/// queue the front stays where it was last seen ([`DueFronts`]). Returns the first key and the step.
 pub(crate) async fn reserve_fair_keys(
     tx: &mut sqlx::PgConnection,
+    fronts: &DueFronts,
     priority: i16,
     tenant: &str,
     count: usize,
     weight: f64,
 ) -> Result<(f64, f64), sqlx::Error> {
     let step = 1.0 / weight;
-    let end: f64 = sqlx::query_scalar(sqlx::AssertSqlSafe(RESERVE_FAIR_KEYS.as_str()))
+    let (end, front): (f64, f64) = sqlx::query_as(sqlx::AssertSqlSafe(RESERVE_FAIR_KEYS.as_str()))
         .bind(priority)
         .bind(tenant)
         .bind(step * count as f64)
+        .bind(fronts.floor(priority))
         .fetch_one(&mut *tx)
         .await?;
+    fronts.advance(priority, front);
     Ok((end - step * count as f64 + step, step))
 }
 
@@ -97,7 +125,7 @@ pub async fn enqueue_one(
     let mut tx = db.begin().await?;
     let due = due_now(delay, job.run_at, chrono::Utc::now());
     let fair_key = if due {
-        reserve_fair_keys(&mut tx, class.priority, &job.tenant, 1, weight(rt, &job.tenant)).await?.0
+        reserve_fair_keys(&mut tx, &rt.due_fronts, class.priority, &job.tenant, 1, weight(rt, &job.tenant)).await?.0
     } else {
         0.0
     };

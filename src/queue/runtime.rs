@@ -43,6 +43,8 @@ pub struct QueueRuntime {
     pub batch_permits: Arc<tokio::sync::Semaphore>,
     /// Seals recipients and payloads at intake and opens them after a claim.
     pub seal: crate::queue::seal::Seal,
+    /// Where each priority's due front last stood, for fair keys.
+    pub(crate) due_fronts: crate::queue::enqueue::DueFronts,
 }
 
 impl QueueRuntime {
@@ -77,6 +79,7 @@ impl QueueRuntime {
             member: Uuid::new_v4(),
             pauses: Default::default(),
             seal,
+            due_fronts: Default::default(),
         })
     }
 

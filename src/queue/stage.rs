@@ -62,7 +62,8 @@ async fn promote_batch(db: &PgPool, rt: &QueueRuntime) -> Result<u64, sqlx::Erro
     let mut keys = vec![0.0f64; due.len()];
     for ((priority, tenant), members) in &groups {
         let weight = rt.settings.tenant_weights.get(*tenant).copied().unwrap_or(1.0);
-        let (first, step) = reserve_fair_keys(&mut tx, *priority, tenant, members.len(), weight).await?;
+        let (first, step) =
+            reserve_fair_keys(&mut tx, &rt.due_fronts, *priority, tenant, members.len(), weight).await?;
         for (n, &i) in members.iter().enumerate() {
             keys[i] = first + step * n as f64;
         }

@@ -12,7 +12,7 @@ use cifpool::internals::refill::{RefillOptions, RefillOutcome, refill};
 use common::{TEST_ADMIN_TOKEN, TestApp, fresh_database, spawn_app_with, test_settings_with_pools};
 use serde_json::{Value, json};
 
-use crate::cif_api::{count, fill, passive, pool, post_token, reserve_ok};
+use crate::cif_api::{count, fill, passive, pool, post_token, reserve, reserve_ok};
 
 /// Moves the lease of hold `cif` to `seconds` from now (negative: into the past).
 async fn set_lease(app: &TestApp, cif: &str, seconds: f64) {
@@ -313,4 +313,49 @@ async fn the_refill_and_reclaim_schedules_run_by_themselves_and_stop_with_the_ap
     let state: String =
         sqlx::query_scalar("SELECT state FROM cif_codes WHERE code = $1").bind(&cif).fetch_one(&db.pool).await.unwrap();
     assert_eq!(state, "reserved", "a schedule ran after the app stopped");
+}
+
+/// Reservations scan from the counter this instance last took (so a held cleanup horizon does not make
+/// each one read past every code reserved since), yet a code that becomes available again below that
+/// counter is still handed out: once the scan from the cursor finds nothing, the next starts from the
+/// lowest counter, in the same request.
+#[tokio::test]
+async fn a_code_released_below_the_scan_cursor_is_still_handed_out() {
+    let (_db, app) = passive().await;
+    fill(&app, "individual").await;
+    let counter_of = |cif: String| {
+        let db = app.state.db.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT counter FROM cif_codes WHERE code = $1")
+                .bind(cif)
+                .fetch_one(&db)
+                .await
+                .unwrap()
+        }
+    };
+    let first = reserve_ok(&app, "individual").await;
+    let second = reserve_ok(&app, "individual").await;
+    let (low, high) = (
+        counter_of(first["cif"].as_str().unwrap().to_string()).await,
+        counter_of(second["cif"].as_str().unwrap().to_string()).await,
+    );
+    assert!(low < high, "codes go out lowest counter first: {low}, {high}");
+    let released =
+        post_token(&app, first["cif"].as_str().unwrap(), "release", first["reservation_token"].as_str().unwrap()).await;
+    assert_eq!(released.status(), 200);
+    // Everything above the cursor is taken by someone else; only the released code is left.
+    sqlx::query(
+        "UPDATE cif_codes SET state = 'reserved', lease_token = gen_random_uuid(), \
+                lease_expires_at = now() + interval '1 hour', holder = 'elsewhere', reserved_at = now() \
+         WHERE state = 'available' AND counter > $1",
+    )
+    .bind(high)
+    .execute(&app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(count(&app.state.db, "SELECT count(*) FROM cif_codes WHERE state = 'available'").await, 1);
+
+    let again = reserve_ok(&app, "individual").await;
+    assert_eq!(again["cif"], first["cif"], "the released code, found below the cursor");
+    assert_eq!(reserve(&app, "individual").await.status(), 503, "and then the pool is empty");
 }

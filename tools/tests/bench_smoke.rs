@@ -142,6 +142,35 @@ async fn queue_and_soak_write_json_with_clean_runs() {
     let live = |t: &str| end.iter().find(|x| x["table"] == t).unwrap()["live_rows"].as_i64().unwrap();
     assert!(live("cif_issued") > 0, "{r}");
     assert!(live("notification_jobs") > 0, "{r}");
+
+    let mut args = BenchArgs::new(Target::Horizon);
+    args.out = out.path().to_path_buf();
+    (args.before_secs, args.hold_secs, args.after_secs, args.window_secs) = (3.0, 4.0, 3.0, 1.0);
+    args.clients = 2;
+    args.queue_rate = 500.0;
+    args.no_progress = true;
+    let path = run_on(&connect, &settings, &args).await.expect("bench horizon");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(json["target"], "horizon");
+    let r = &json["results"];
+    assert!(r["errors"].as_object().unwrap().is_empty(), "{r}");
+    let (from, until) = (r["held_from_s"].as_f64().unwrap(), r["held_until_s"].as_f64().unwrap());
+    assert!(from >= 3.0 && until - from >= 4.0, "held {from}..{until}");
+    let windows = r["windows"].as_array().unwrap();
+    let phases: Vec<&str> = windows.iter().map(|w| w["phase"].as_str().unwrap()).collect();
+    assert!(
+        phases.first() == Some(&"before") && phases.contains(&"hold") && phases.last() == Some(&"after"),
+        "{phases:?}"
+    );
+    // The service's own probe sees the hold: the snapshot ages in the windows it spans.
+    let oldest_in_hold = windows
+        .iter()
+        .filter(|w| w["phase"] == "hold")
+        .map(|w| w["oldest_snapshot_s"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert!(oldest_in_hold >= 2.0, "{r}");
+    positive(&r["before"]["sent_per_s"], "promo sent/s before the hold");
+    positive(&r["before"]["reserve_p99_ms"], "reservation p99 before the hold");
 }
 
 /// The real thing on the embedded cluster (fsync on), until the CLI is wired:

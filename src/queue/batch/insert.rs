@@ -170,7 +170,8 @@ async fn fair_keys(
     }
     for ((priority, tenant), members) in finals {
         let total: u64 = members.iter().map(|&i| groups[i].rows).sum();
-        let (first, step) = reserve_fair_keys(tx, priority, tenant, total as usize, weight(rt, tenant)).await?;
+        let (first, step) =
+            reserve_fair_keys(tx, &rt.due_fronts, priority, tenant, total as usize, weight(rt, tenant)).await?;
         let mut offset = 0u64;
         for i in members {
             firsts[i] = first + step * offset as f64;

@@ -8,6 +8,8 @@
 //!   naive autocommit `INSERT` per code and one raw `COPY` of the same rows.
 //! - [`soak`]: minutes of reservations (reserve + confirm) and queue traffic together, per-minute
 //!   throughput and table sizes.
+//! - [`horizon`]: the same mixed load while another session holds a snapshot open: drain, reservation
+//!   p99 and dead tuples per window, before, during and after the hold.
 //! - [`queue`]: one HTTP batch of 500,000 jobs and its cancel, the drain of 200,000 jobs through the worker groups
 //!   with no-op providers beside the same drain by Graphile Worker ([`graphile`]), and the OTP wait
 //!   ([`otp`]) while a 500,000-job promo backlog drains.
@@ -19,6 +21,7 @@
 pub mod cpu;
 pub mod enqueue;
 pub mod graphile;
+pub mod horizon;
 pub mod loadgen;
 pub mod otp;
 pub mod queue;
@@ -54,6 +57,8 @@ pub enum Target {
     Queue,
     /// Long mixed run: per-minute throughput, first vs last minute, table sizes.
     Soak,
+    /// Mixed load while a snapshot is held open: drain, reservation p99, dead tuples per window.
+    Horizon,
 }
 
 impl Target {
@@ -64,6 +69,7 @@ impl Target {
             Target::Refill => "refill",
             Target::Queue => "queue",
             Target::Soak => "soak",
+            Target::Horizon => "horizon",
         }
     }
 }
@@ -86,7 +92,7 @@ pub enum RawMode {
 /// `cifpool bench …`
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// What to measure: reserve, refill, queue, soak.
+    /// What to measure: reserve, refill, queue, soak, horizon.
     #[arg(value_enum)]
     pub target: Target,
     /// Output directory; the run writes `<target>.json` into it.
@@ -151,9 +157,24 @@ pub struct BenchArgs {
     /// soak: length in minutes.
     #[arg(long, default_value_t = 10.0)]
     pub minutes: f64,
-    /// soak: promo jobs per second offered to the queue.
+    /// soak, horizon: promo jobs per second offered to the queue.
     #[arg(long, default_value_t = 2000.0)]
     pub queue_rate: f64,
+    /// horizon: reservation clients (each reserves and confirms in a loop).
+    #[arg(long, default_value_t = 8)]
+    pub clients: usize,
+    /// horizon: seconds of load before the snapshot is taken.
+    #[arg(long, default_value_t = 60.0)]
+    pub before_secs: f64,
+    /// horizon: seconds the snapshot is held open.
+    #[arg(long, default_value_t = 180.0)]
+    pub hold_secs: f64,
+    /// horizon: seconds of load after it is let go.
+    #[arg(long, default_value_t = 120.0)]
+    pub after_secs: f64,
+    /// horizon: length of one reported window, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub window_secs: f64,
     /// No progress bars.
     #[arg(long)]
     pub no_progress: bool,
@@ -187,6 +208,13 @@ impl BenchArgs {
         anyhow::ensure!(self.tenants >= 1, "--tenants must be at least 1");
         anyhow::ensure!(self.minutes > 0.0 && self.minutes.is_finite(), "--minutes must be positive");
         anyhow::ensure!(self.queue_rate >= 0.0 && self.queue_rate.is_finite(), "--queue-rate must be 0 or positive");
+        anyhow::ensure!(self.clients >= 1, "--clients must be at least 1");
+        let phase = |s: f64| s.is_finite() && s >= 0.0;
+        anyhow::ensure!(
+            phase(self.before_secs) && phase(self.hold_secs) && phase(self.after_secs),
+            "--before-secs, --hold-secs and --after-secs must be 0 or positive"
+        );
+        anyhow::ensure!(self.window_secs >= 1.0 && self.window_secs.is_finite(), "--window-secs must be at least 1");
         Ok(())
     }
 }
@@ -230,6 +258,10 @@ pub async fn run_on(connect: &PgConnectOptions, settings: &Settings, args: &Benc
         Target::Soak => {
             let report = soak::run(connect, settings, &soak::SoakOptions::from_args(args)).await?;
             (report.write(&args.out)?, soak::table(&report))
+        }
+        Target::Horizon => {
+            let report = horizon::run(connect, settings, &horizon::HorizonOptions::from_args(args)).await?;
+            (report.write(&args.out)?, horizon::table(&report))
         }
     };
     println!("{table}");

@@ -43,7 +43,9 @@ pub fn pgbench_script() -> String {
         .replace("$5", ":actor")
         .replace("$6", ":request_id")
         .replace("$7", ":pool_name")
-        .replace("$8", ":client_request_id");
+        .replace("$8", ":client_request_id")
+        // The raw claim scans from the lowest counter, as one statement without the service's cursor.
+        .replace("$9", "0");
     format!("{sql};\n")
 }
 
@@ -182,6 +184,8 @@ pub(crate) async fn sqlx_level(
                     .bind(RAW_ACTOR)
                     .bind("raw")
                     .bind(&pool_name)
+                    .bind(None::<&str>)
+                    .bind(0_i64)
                     .fetch_optional(&mut *conn)
                     .await;
                 n += 1;

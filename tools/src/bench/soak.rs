@@ -152,7 +152,7 @@ pub async fn run(
             let mut seconds = Vec::new();
             while started.elapsed() < length {
                 match reserve_and_confirm(&client, &base).await {
-                    Ok(()) => {
+                    Ok(_) => {
                         seconds.push(started.elapsed().as_secs() as u32);
                         done.fetch_add(1, Ordering::Relaxed);
                     }
@@ -258,12 +258,14 @@ pub async fn run(
     Ok(BenchReport { target: "soak".into(), parameters, machine, results, notes })
 }
 
-async fn available(db: &PgPool) -> anyhow::Result<i64> {
+pub(super) async fn available(db: &PgPool) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar("SELECT count(*) FROM cif_codes WHERE state = 'available'").fetch_one(db).await?)
 }
 
-/// One reservation confirmed; the error is a short label (status or "transport").
-async fn reserve_and_confirm(client: &reqwest::Client, base: &str) -> Result<(), String> {
+/// One reservation confirmed; returns how long the reservation (`POST /v1/cif`) took. The error is a
+/// short label (status or "transport").
+pub(super) async fn reserve_and_confirm(client: &reqwest::Client, base: &str) -> Result<Duration, String> {
+    let asked = Instant::now();
     let resp = client
         .post(format!("{base}/v1/cif"))
         .header("content-type", "application/json")
@@ -276,6 +278,7 @@ async fn reserve_and_confirm(client: &reqwest::Client, base: &str) -> Result<(),
         return Err(format!("reserve {}", resp.status().as_u16()));
     }
     let body: serde_json::Value = resp.json().await.map_err(|_| "reserve body".to_string())?;
+    let reserved_in = asked.elapsed();
     let (Some(cif), Some(token)) = (body["cif"].as_str(), body["reservation_token"].as_str()) else {
         return Err("reserve body".into());
     };
@@ -287,13 +290,19 @@ async fn reserve_and_confirm(client: &reqwest::Client, base: &str) -> Result<(),
         .await
         .map_err(|_| "confirm transport".to_string())?;
     match resp.status().as_u16() {
-        200 => Ok(()),
+        200 => Ok(reserved_in),
         other => Err(format!("confirm {other}")),
     }
 }
 
 /// Promo batches of [`BATCH`] at `rate` jobs/s for `length` (or until `stop`); a success is a 202.
-async fn feed(client: reqwest::Client, base: String, rate: f64, length: Duration, stop: CancellationToken) -> Tally {
+pub(super) async fn feed(
+    client: reqwest::Client,
+    base: String,
+    rate: f64,
+    length: Duration,
+    stop: CancellationToken,
+) -> Tally {
     if rate <= 0.0 {
         return Tally::default();
     }
@@ -308,7 +317,7 @@ async fn feed(client: reqwest::Client, base: String, rate: f64, length: Duration
 }
 
 /// OTPs at [`OTP_RATE`] for `length` (or until `stop`); a success is a 202.
-async fn otps(client: reqwest::Client, base: String, length: Duration, stop: CancellationToken) -> Tally {
+pub(super) async fn otps(client: reqwest::Client, base: String, length: Duration, stop: CancellationToken) -> Tally {
     let url = format!("{base}/v1/notifications");
     fixed_rate(Schedule::for_duration(OTP_RATE, length), stop, Arc::default(), |i| {
         let body =
