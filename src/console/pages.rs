@@ -118,7 +118,9 @@ pub async fn queue(operator: Operator, State(state): State<AppState>) -> Result<
         &operator,
         "queue",
         "Queue",
-        minijinja::context! { classes => Serde(view.classes), providers => Serde(view.providers) },
+        minijinja::context! {
+            classes => Serde(view.classes), providers => Serde(view.providers), counted_age_s => view.counted_age_s,
+        },
     )
 }
 

@@ -212,6 +212,12 @@ pub const STATS_LOCK: i64 = 0x6369_6671 << 32 | 1;
 /// [`STATS_INTERVAL`], the deployment counts about twice per interval however many instances run.
 pub const STATS_FRESH: Duration = Duration::from_secs(1);
 
+/// Stored numbers are also fresh for this many times as long as counting them took: with a large
+/// queue (counting a million waiting jobs takes a few hundred milliseconds) the deployment counts
+/// less often, so counting never takes more than about a fortieth of one core, and the numbers are
+/// then at most that much older.
+pub const STATS_DUTY: f64 = 40.0;
+
 /// Counts every class of `rt` into `queue_class_stats` when the stored numbers of one of them are
 /// missing or older than [`STATS_FRESH`], unless another instance holds the stats lock (it is
 /// counting them now). Counting reads every waiting job, which is why only one instance does it.
@@ -229,24 +235,31 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
         }
         let fresh: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM queue_class_stats \
-             WHERE class = ANY($1) AND refreshed_at > now() - $2::float8 * interval '1 second'",
+             WHERE class = ANY($1) \
+               AND refreshed_at > now() - greatest($2::float8, $3::float8 * counting_s) * interval '1 second'",
         )
         .bind(&classes)
         .bind(STATS_FRESH.as_secs_f64())
+        .bind(STATS_DUTY)
         .fetch_one(&mut *tx)
         .await?;
         if fresh as usize >= classes.len() {
             return Ok(Refreshed::Shared);
         }
     }
+    let counting = std::time::Instant::now();
     type Counted = (String, i64, Option<DateTime<Utc>>);
     /// A tenant's waiting jobs in one class: its name, how many, since when the oldest is due.
     type Load<'a> = (&'a str, i64, Option<DateTime<Utc>>);
-    let by_tenant: Vec<(String, String, i64, Option<DateTime<Utc>>)> =
+    /// One row of [`WAITING_BY_TENANT`]: class, tenant, waiting, of which retrying, oldest due.
+    type TenantRow = (String, String, i64, i64, Option<DateTime<Utc>>);
+    let by_tenant: Vec<TenantRow> =
         sqlx::query_as(sqlx::AssertSqlSafe(WAITING_BY_TENANT.as_str())).fetch_all(&mut *tx).await?;
     let mut waiting: Vec<Counted> = Vec::new();
+    let mut retrying_by_class: BTreeMap<&str, i64> = BTreeMap::new();
     let mut tenants: BTreeMap<&str, Vec<Load<'_>>> = BTreeMap::new();
-    for (class, tenant, n, oldest) in &by_tenant {
+    for (class, tenant, n, retrying, oldest) in &by_tenant {
+        *retrying_by_class.entry(class.as_str()).or_default() += retrying;
         match waiting.iter_mut().find(|w| &w.0 == class) {
             Some(w) => {
                 w.1 += n;
@@ -260,8 +273,14 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
         tenants.entry(class).or_default().push((tenant, *n, *oldest));
     }
     let dead: Vec<Counted> = sqlx::query_as(sqlx::AssertSqlSafe(DEAD_BY_CLASS.as_str())).fetch_all(&mut *tx).await?;
+    let scheduled_by_class: BTreeMap<String, i64> = sqlx::query_as(sqlx::AssertSqlSafe(SCHEDULED_BY_CLASS.as_str()))
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect();
     let (mut pending, mut oldest_due_at, mut drain_per_s, mut dead_count, mut oldest_dead_at) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut retrying, mut scheduled) = (Vec::new(), Vec::new());
     let (mut tenant_loads, mut active_tenants) = (Vec::new(), Vec::new());
     for class in &classes {
         // The most recent finishes only, so the cost is bounded whatever the rate: under
@@ -282,6 +301,8 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
         });
         let (n, oldest) = waiting.iter().find(|w| &w.0 == class).map_or((0, None), |w| (w.1, w.2));
         pending.push(n);
+        retrying.push(retrying_by_class.get(class.as_str()).copied().unwrap_or(0));
+        scheduled.push(scheduled_by_class.get(class).copied().unwrap_or(0));
         oldest_due_at.push(oldest);
         let (n, oldest) = dead.iter().find(|d| &d.0 == class).map_or((0, None), |d| (d.1, d.2));
         dead_count.push(n);
@@ -296,16 +317,19 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
             .collect();
         tenant_loads.push(serde_json::to_value(kept).expect("a map of numbers serialises"));
     }
+    let counting_s = counting.elapsed().as_secs_f64();
     sqlx::query(
         "INSERT INTO queue_class_stats \
-             (class, pending, oldest_due_at, drain_per_s, dead, oldest_dead_at, tenants, active_tenants, refreshed_at) \
-         SELECT c.*, now() \
+             (class, pending, oldest_due_at, drain_per_s, dead, oldest_dead_at, tenants, active_tenants, \
+              retrying, scheduled, counting_s, refreshed_at) \
+         SELECT c.*, $11, now() \
          FROM unnest($1::text[], $2::int8[], $3::timestamptz[], $4::float8[], $5::int8[], $6::timestamptz[], \
-                     $7::jsonb[], $8::int8[]) AS c \
+                     $7::jsonb[], $8::int8[], $9::int8[], $10::int8[]) AS c \
          ON CONFLICT (class) DO UPDATE SET pending = excluded.pending, oldest_due_at = excluded.oldest_due_at, \
              drain_per_s = excluded.drain_per_s, dead = excluded.dead, \
              oldest_dead_at = excluded.oldest_dead_at, tenants = excluded.tenants, \
-             active_tenants = excluded.active_tenants, refreshed_at = excluded.refreshed_at",
+             active_tenants = excluded.active_tenants, retrying = excluded.retrying, \
+             scheduled = excluded.scheduled, counting_s = excluded.counting_s, refreshed_at = excluded.refreshed_at",
     )
     .bind(&classes)
     .bind(&pending)
@@ -315,19 +339,32 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
     .bind(&oldest_dead_at)
     .bind(&tenant_loads)
     .bind(&active_tenants)
+    .bind(&retrying)
+    .bind(&scheduled)
+    .bind(counting_s)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
     Ok(Refreshed::Computed)
 }
 
-/// Jobs waiting per class and tenant, and since when the oldest of each is due.
+/// Jobs waiting per class and tenant (all of them, and those waiting out a retry's backoff), and
+/// since when the oldest of each is due.
 static WAITING_BY_TENANT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT class, tenant, count(*), \
+        "SELECT class, tenant, count(*), count(*) FILTER (WHERE status = {retrying}), \
                 min(greatest(created_at, run_after)) FILTER (WHERE run_after <= now()) \
          FROM notification_jobs WHERE status IN ({waiting}) GROUP BY class, tenant",
-        waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE)
+        waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE),
+        retrying = JobStatus::Retrying.sql()
+    )
+});
+
+/// Scheduled jobs per class (a literal state, as for the dead letters: the partial index applies).
+static SCHEDULED_BY_CLASS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT class, count(*) FROM notification_jobs WHERE status = {} GROUP BY class",
+        JobStatus::Scheduled.sql()
     )
 });
 
@@ -359,4 +396,4 @@ pub(crate) async fn refresh_round(db: PgPool, runtime: Arc<QueueRuntime>, stats:
     }
 }
 
-crate::statements::statements_of!(WAITING_BY_TENANT, DEAD_BY_CLASS, DRAINED);
+crate::statements::statements_of!(WAITING_BY_TENANT, SCHEDULED_BY_CLASS, DEAD_BY_CLASS, DRAINED);

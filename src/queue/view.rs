@@ -1,7 +1,10 @@
 //! The queue at a glance (`GET /admin/queue`): per class what waits, what is scheduled, in flight,
 //! retrying and dead, the oldest waiting age, the drain rate and whether it is paused; per provider its
 //! deployment-wide budget, what the pods hold of it, this pod's calls in flight and whether it is paused.
-//! Each count reads one of the partial indexes, never the finished history.
+//! The waiting, scheduled and dead counts are the statistics' last count (`queue_class_stats`, at most
+//! a few seconds old, see [`crate::queue::stats`]): counting a million waiting jobs per request would
+//! make the page as slow as the count. Jobs in flight are counted live (a partial index of the few
+//! being sent); nothing reads the finished history.
 
 use std::collections::BTreeMap;
 
@@ -60,6 +63,8 @@ pub struct ProviderView {
 /// `GET /admin/queue`: every configured class and provider.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct QueueView {
+    /// Seconds since the waiting, scheduled and dead counts were taken (`None` before the first count).
+    pub counted_age_s: Option<f64>,
     /// Configured classes, by name.
     pub classes: Vec<ClassView>,
     /// Configured providers, by name.
@@ -77,16 +82,27 @@ struct BudgetRow {
     shares: i64,
 }
 
-/// Reads the view: the per-state counts from the partial indexes, the drain rates from `stats`, the
-/// budgets from `provider_budgets` with the live shares summed, the pauses as this pod last read them.
+/// One class's counts as the statistics last stored them.
+#[derive(sqlx::FromRow)]
+struct Counted {
+    class: String,
+    pending: i64,
+    retrying: i64,
+    scheduled: i64,
+    dead: i64,
+    oldest_age_s: Option<f64>,
+    age_s: f64,
+}
+
+/// Reads the view: the counts of the last statistics refresh, the jobs in flight from their partial
+/// index, the drain rates from `stats`, the budgets from `provider_budgets` with the live shares
+/// summed, the pauses as this pod last read them.
 pub async fn read(db: &PgPool, rt: &QueueRuntime, stats: &QueueStats) -> Result<QueueView, sqlx::Error> {
-    let waiting: Vec<(String, i64, i64, i64, f64)> = sqlx::query_as(
-        "SELECT class, \
-                count(*) FILTER (WHERE status = 'pending'), \
-                count(*) FILTER (WHERE status = 'scheduled'), \
-                count(*) FILTER (WHERE status = 'failed-retrying'), \
-                coalesce(extract(epoch FROM now() - min(greatest(created_at, run_after)) FILTER (WHERE run_after <= now()))::float8, 0) \
-         FROM notification_jobs WHERE status IN ('scheduled', 'pending', 'failed-retrying') GROUP BY class",
+    let counted: Vec<Counted> = sqlx::query_as(
+        "SELECT class, pending, retrying, scheduled, dead, \
+                extract(epoch FROM now() - oldest_due_at)::float8 AS oldest_age_s, \
+                extract(epoch FROM now() - refreshed_at)::float8 AS age_s \
+         FROM queue_class_stats",
     )
     .fetch_all(db)
     .await?;
@@ -96,25 +112,22 @@ pub async fn read(db: &PgPool, rt: &QueueRuntime, stats: &QueueStats) -> Result<
     )
     .fetch_all(db)
     .await?;
-    let dead: Vec<(String, i64)> =
-        sqlx::query_as("SELECT class, count(*) FROM notification_jobs WHERE status = 'dead' GROUP BY class")
-            .fetch_all(db)
-            .await?;
     let pauses = rt.pauses();
     let find = |v: &[(String, i64)], c: &str| v.iter().find(|r| r.0 == c).map_or(0, |r| r.1);
     let classes = rt
         .classes
         .keys()
         .map(|c| {
-            let w = waiting.iter().find(|r| &r.0 == c);
+            let w = counted.iter().find(|r| &r.class == c);
             ClassView {
                 class: c.clone(),
-                pending: w.map_or(0, |r| r.1),
-                scheduled: w.map_or(0, |r| r.2),
-                retrying: w.map_or(0, |r| r.3),
-                oldest_waiting_age_s: w.map_or(0.0, |r| r.4.max(0.0)),
+                // The stored `pending` is every job waiting to be claimed, retries included.
+                pending: w.map_or(0, |r| (r.pending - r.retrying).max(0)),
+                scheduled: w.map_or(0, |r| r.scheduled),
+                retrying: w.map_or(0, |r| r.retrying),
+                oldest_waiting_age_s: w.and_then(|r| r.oldest_age_s).map_or(0.0, |a| a.max(0.0)),
                 in_flight: find(&sending, c),
-                dead: find(&dead, c),
+                dead: w.map_or(0, |r| r.dead),
                 drain_per_s: stats.get(c).map_or(0.0, |s| s.drain_per_s),
                 paused: pauses.is_paused(PauseKind::Class, c),
             }
@@ -147,5 +160,6 @@ pub async fn read(db: &PgPool, rt: &QueueRuntime, stats: &QueueStats) -> Result<
             }
         })
         .collect();
-    Ok(QueueView { classes, providers })
+    let counted_age_s = counted.iter().map(|r| r.age_s.max(0.0)).reduce(f64::max);
+    Ok(QueueView { counted_age_s, classes, providers })
 }

@@ -334,6 +334,7 @@ async fn a_pause_reaches_every_pod_at_its_next_sync_and_resume_restarts_claims()
     assert_eq!(r.status(), 202);
     let flowing = on_b.claim(8).await.unwrap();
     assert_eq!(flowing.iter().map(|j| j.class.as_str()).collect::<Vec<_>>(), ["transactional"]);
+    b.state.notifications.stats().refresh_now(&b.state.db, b.state.notifications.runtime()).await.unwrap();
     let view = get_json(&b, "/admin/queue").await;
     let promo = view["classes"].as_array().unwrap().iter().find(|c| c["class"] == "promo").unwrap().clone();
     assert_eq!((&promo["paused"], &promo["pending"]), (&json!(true), &json!(9)), "{view}");
@@ -456,7 +457,11 @@ async fn the_queue_view_matches_the_table() {
     .execute(&e.db.pool)
     .await
     .unwrap();
+    // The waiting counts are the statistics' last count: none yet, then this one.
+    assert_eq!(get_json(&e.app, "/admin/queue").await["counted_age_s"], serde_json::Value::Null);
+    e.app.state.notifications.stats().refresh_now(&e.app.state.db, e.app.state.notifications.runtime()).await.unwrap();
     let view = get_json(&e.app, "/admin/queue").await;
+    assert!(view["counted_age_s"].as_f64().unwrap() < 5.0, "{view}");
     let classes = view["classes"].as_array().unwrap();
     assert_eq!(
         classes.iter().map(|c| c["class"].as_str().unwrap()).collect::<Vec<_>>(),
@@ -622,4 +627,24 @@ async fn batches_beyond_max_concurrent_batches_are_429_not_held_in_memory() {
         .await
         .unwrap();
     assert_eq!(r.status(), 202);
+}
+
+/// Counting a large queue takes long, so the stored numbers stay fresh for twenty times as long as the
+/// last count took: the deployment then spends at most about a twentieth of a core counting.
+#[tokio::test]
+async fn a_slow_count_is_repeated_less_often() {
+    let e = env().await;
+    let (db, rt, stats) = (&e.app.state.db, e.app.state.notifications.runtime(), e.app.state.notifications.stats());
+    e.enqueue("promo", "shop", 2).await;
+    assert_eq!(stats.refresh(db, rt).await.unwrap(), Refreshed::Computed);
+    let took: f64 = sqlx::query_scalar("SELECT max(counting_s) FROM queue_class_stats").fetch_one(db).await.unwrap();
+    assert!(took > 0.0 && took < 5.0, "the count's own time is kept: {took}");
+    // Ten seconds old: stale for a count that took a moment, fresh for one that took a second.
+    sqlx::query("UPDATE queue_class_stats SET refreshed_at = now() - interval '10 seconds', counting_s = 1")
+        .execute(db)
+        .await
+        .unwrap();
+    assert_eq!(stats.refresh(db, rt).await.unwrap(), Refreshed::Shared);
+    sqlx::query("UPDATE queue_class_stats SET counting_s = 0.01").execute(db).await.unwrap();
+    assert_eq!(stats.refresh(db, rt).await.unwrap(), Refreshed::Computed);
 }

@@ -171,6 +171,24 @@ async fn queue_and_soak_write_json_with_clean_runs() {
     assert!(oldest_in_hold >= 2.0, "{r}");
     positive(&r["before"]["sent_per_s"], "promo sent/s before the hold");
     positive(&r["before"]["reserve_p99_ms"], "reservation p99 before the hold");
+
+    let mut args = BenchArgs::new(Target::Admin);
+    args.out = out.path().to_path_buf();
+    (args.finished_jobs, args.pending_jobs, args.dead_jobs) = (2_000, 500, 30);
+    args.requests = 5;
+    args.idle_secs = 1.0;
+    args.no_progress = true;
+    let path = run_on(&connect, &settings, &args).await.expect("bench admin");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(json["target"], "admin");
+    let r = &json["results"];
+    assert_eq!(r["rows"], 2_530, "{r}");
+    let reads = r["reads"].as_array().unwrap();
+    assert_eq!(reads.len(), 4, "{r}");
+    for read in reads {
+        assert_eq!(read["failed"], 0, "{read}");
+        positive(&read["latency"]["p99_ms"], "a read's p99");
+    }
 }
 
 /// The real thing on the embedded cluster (fsync on), until the CLI is wired:

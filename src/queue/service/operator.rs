@@ -47,7 +47,7 @@ impl Queue {
         self.runtime.set_pause(&self.db, kind, name, paused, actor).await
     }
 
-    /// Up to `limit` dead letters matching `filter`, the most recent first.
+    /// Up to `limit` dead letters matching `filter`, the oldest first (in id order).
     pub async fn dead_letters(&self, filter: &DlqFilter, limit: i64) -> Result<Vec<DeadJob>, sqlx::Error> {
         dlq::list(&self.db, filter, limit).await
     }

@@ -8,6 +8,8 @@
 //!   naive autocommit `INSERT` per code and one raw `COPY` of the same rows.
 //! - [`soak`]: minutes of reservations (reserve + confirm) and queue traffic together, per-minute
 //!   throughput and table sizes.
+//! - [`admin`]: operators' reads (`/admin/queue`, `/metrics`, the console's queue and dead-letter
+//!   pages) with millions of finished and waiting jobs, and the periodic work's CPU while idle.
 //! - [`horizon`]: the same mixed load while another session holds a snapshot open: drain, reservation
 //!   p99 and dead tuples per window, before, during and after the hold.
 //! - [`queue`]: one HTTP batch of 500,000 jobs and its cancel, the drain of 200,000 jobs through the worker groups
@@ -18,6 +20,7 @@
 //! run on the configured server (the embedded cluster unless `database.url` is set). The `run_*`
 //! functions take connect options instead, so tests can point them at a database of their own.
 
+pub mod admin;
 pub mod cpu;
 pub mod enqueue;
 pub mod graphile;
@@ -59,6 +62,8 @@ pub enum Target {
     Soak,
     /// Mixed load while a snapshot is held open: drain, reservation p99, dead tuples per window.
     Horizon,
+    /// Operators' reads with millions of jobs in the table, and the periodic work while idle.
+    Admin,
 }
 
 impl Target {
@@ -70,6 +75,7 @@ impl Target {
             Target::Queue => "queue",
             Target::Soak => "soak",
             Target::Horizon => "horizon",
+            Target::Admin => "admin",
         }
     }
 }
@@ -92,7 +98,7 @@ pub enum RawMode {
 /// `cifpool bench …`
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// What to measure: reserve, refill, queue, soak, horizon.
+    /// What to measure: reserve, refill, queue, soak, horizon, admin.
     #[arg(value_enum)]
     pub target: Target,
     /// Output directory; the run writes `<target>.json` into it.
@@ -143,7 +149,7 @@ pub struct BenchArgs {
     /// installed once under target/peers/graphile).
     #[arg(long)]
     pub no_peer: bool,
-    /// queue: tenants the promo jobs are spread over.
+    /// queue, admin: tenants the jobs are spread over.
     #[arg(long, default_value_t = 100)]
     pub tenants: usize,
     /// reserve: run the HTTP load generator inside this process, as before it had a process of its own
@@ -175,6 +181,21 @@ pub struct BenchArgs {
     /// horizon: length of one reported window, seconds.
     #[arg(long, default_value_t = 10.0)]
     pub window_secs: f64,
+    /// admin: sent jobs in the history.
+    #[arg(long, default_value_t = 5_000_000)]
+    pub finished_jobs: u64,
+    /// admin: promo jobs waiting.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub pending_jobs: u64,
+    /// admin: dead letters.
+    #[arg(long, default_value_t = 20_000)]
+    pub dead_jobs: u64,
+    /// admin: requests per endpoint.
+    #[arg(long, default_value_t = 200)]
+    pub requests: usize,
+    /// admin: seconds of the idle window (periodic work only).
+    #[arg(long, default_value_t = 60.0)]
+    pub idle_secs: f64,
     /// No progress bars.
     #[arg(long)]
     pub no_progress: bool,
@@ -215,6 +236,8 @@ impl BenchArgs {
             "--before-secs, --hold-secs and --after-secs must be 0 or positive"
         );
         anyhow::ensure!(self.window_secs >= 1.0 && self.window_secs.is_finite(), "--window-secs must be at least 1");
+        anyhow::ensure!(self.requests >= 1, "--requests must be at least 1");
+        anyhow::ensure!(self.idle_secs >= 1.0 && self.idle_secs.is_finite(), "--idle-secs must be at least 1");
         Ok(())
     }
 }
@@ -262,6 +285,10 @@ pub async fn run_on(connect: &PgConnectOptions, settings: &Settings, args: &Benc
         Target::Horizon => {
             let report = horizon::run(connect, settings, &horizon::HorizonOptions::from_args(args)).await?;
             (report.write(&args.out)?, horizon::table(&report))
+        }
+        Target::Admin => {
+            let report = admin::run(connect, settings, &admin::AdminOptions::from_args(args)).await?;
+            (report.write(&args.out)?, admin::table(&report))
         }
     };
     println!("{table}");
