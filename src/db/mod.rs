@@ -33,6 +33,9 @@ pub fn options_from_url(url: &secrecy::SecretString) -> Result<PgConnectOptions,
     url.expose_secret().parse()
 }
 
+/// Connections idle at least this long are pinged before they are handed out (see [`pool`]).
+const PING_IF_IDLE_FOR: Duration = Duration::from_millis(100);
+
 /// Builds the pool. Connections are opened lazily, so a service whose database is down still starts
 /// serving `/healthz` and reports `/readyz` 503 rather than crash-looping. Every new connection is
 /// checked by `incarnation` (once armed) before it serves anything: after a failover, the first
@@ -45,8 +48,19 @@ pub fn pool(settings: &DatabaseSettings, options: PgConnectOptions, incarnation:
         .max_connections(settings.max_connections)
         .min_connections(settings.min_connections)
         .acquire_timeout(settings.acquire_timeout)
-        // A connection that sat idle through a database restart is dead; test before reuse.
-        .test_before_acquire(true)
+        // A connection that sat idle through a database restart is dead; test it before reuse. One
+        // handed back moments ago is not tested: a restart or failover takes longer than
+        // `PING_IF_IDLE_FOR`, so such a connection cannot have slept through one, and the ping would be
+        // one more round trip to the server on every request.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_IF_IDLE_FOR {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
         .idle_timeout(Some(Duration::from_secs(300)))
         .after_connect(move |conn, _| {
             let incarnation = incarnation.clone();
