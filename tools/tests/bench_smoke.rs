@@ -125,6 +125,7 @@ async fn queue_and_soak_write_json_with_clean_runs() {
         (Some("skipped"), Some("--no-peer"))
     );
     assert!(r["cifpool_over_peer"].is_null(), "{r}");
+    assert!(r["peer_postgres_us_per_job"].is_null(), "{r}");
     assert!(json["notes"].as_array().unwrap().len() == 2, "unexpected notes: {}", json["notes"]);
 
     let mut args = BenchArgs::new(Target::Soak);

@@ -167,7 +167,8 @@ impl Placement {
                 Placement::Process { bin: exe.to_path_buf() }
             }
             _ => Placement::InProcess {
-                reason: "this process is not the cifpool-tools binary (a test harness): it has no bench-client".into(),
+                reason: "this binary is not named cifpool-tools (a test harness, or a renamed copy): --client-bin names the load generator's"
+                    .into(),
             },
         }
     }

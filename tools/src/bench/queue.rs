@@ -110,6 +110,10 @@ pub struct QueueResults {
     pub drain_peer: PeerDrain,
     /// Our drain rate / the peer's, when it ran.
     pub cifpool_over_peer: Option<f64>,
+    /// Postgres CPU per job of our drain, microseconds (Postgres's cores during the drain / its rate).
+    pub postgres_us_per_job: Option<f64>,
+    /// The same for the peer's drain, when it ran.
+    pub peer_postgres_us_per_job: Option<f64>,
     /// OTP latency while promo drains.
     pub otp_during_promo: OtpResult,
 }
@@ -181,7 +185,20 @@ pub async fn run(
             notes.push(format!("otp: the promo backlog was not drained ({} of {})", otp.promo_sent, otp.promo_jobs));
         }
         let cifpool_over_peer = drain_peer.jobs_per_s().map(|peer| drain.jobs_per_s / peer);
-        anyhow::Ok(QueueResults { enqueue, drain, drain_peer, cifpool_over_peer, otp_during_promo: otp })
+        let postgres_us_per_job = drain.cpu.and_then(|c| per_job_us(c.postgres_cores, drain.jobs_per_s));
+        let peer_postgres_us_per_job = match &drain_peer.outcome {
+            PeerOutcome::Ran(run) => run.cpu.and_then(|c| per_job_us(c.postgres_cores, run.jobs_per_s)),
+            _ => None,
+        };
+        anyhow::Ok(QueueResults {
+            enqueue,
+            drain,
+            drain_peer,
+            cifpool_over_peer,
+            postgres_us_per_job,
+            peer_postgres_us_per_job,
+            otp_during_promo: otp,
+        })
     }
     .await;
     super::stop_service(intake).await;
@@ -425,10 +442,21 @@ pub fn table(report: &BenchReport<QueueResults>) -> String {
             c.child_cores, c.postgres_cores
         ));
     }
+    if let Some(ours) = r.postgres_us_per_job {
+        out.push_str(&format!("\nPostgres CPU per drained job: cifpool {ours:.1} µs"));
+        if let Some(peer) = r.peer_postgres_us_per_job {
+            out.push_str(&format!(", {} {peer:.1} µs ({:.2}×, goal ≤ 1.0)", r.drain_peer.peer, ours / peer));
+        }
+    }
     for note in &report.notes {
         out.push_str(&format!("\nnote: {note}"));
     }
     out
+}
+
+/// Microseconds of CPU per job from the cores busy during a drain and its rate.
+fn per_job_us(cores: f64, jobs_per_s: f64) -> Option<f64> {
+    (jobs_per_s > 0.0).then(|| cores * 1e6 / jobs_per_s)
 }
 
 /// The peer's row of the table: its figures, or why there are none.
