@@ -13,7 +13,8 @@
 //! - [`claim`]: every `FOR UPDATE SKIP LOCKED` statement: claim with a lease and a fencing token,
 //!   fenced finishes, lease sweeps, bounded batch transitions.
 //! - [`code`]: the pure keyed Feistel permutation, check digits and the code format.
-//! - [`keys`]: the master key (where it comes from) and the per-pool keys derived from it.
+//! - [`keys`]: the master key and the per-pool keys derived from it (where the master key comes from is
+//!   configuration: `config::master_key`).
 //! - [`schedule`]: cron schedules of the maintenance jobs.
 //! - [`supervise`]: every background task under one supervisor: named, restarted after a failure,
 //!   readiness while one is down, the process stopped when one keeps failing.

@@ -43,7 +43,7 @@ impl Application {
     /// in it, creates a development key with every scope (see [`crate::auth::ensure_dev_key`]).
     pub async fn build(settings: Settings) -> anyhow::Result<Application> {
         settings.check_for_serve()?;
-        let master = crate::keys::resolve::resolve_master_key(&settings, true)?;
+        let master = crate::config::master_key::resolve_master_key(&settings, true)?;
         let database = Database::open(&settings).await?;
         let embedded = database.embedded.is_some();
         let app = Self::build_with(settings, database, &master).await?;

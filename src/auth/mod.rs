@@ -26,7 +26,7 @@ use crate::config::Settings;
 
 /// Where the development key is written: beside the embedded cluster's data directory.
 pub(crate) fn dev_api_key_path(settings: &Settings) -> PathBuf {
-    crate::keys::resolve::dev_key_path(settings).with_file_name("dev-api-key")
+    crate::config::master_key::dev_key_path(settings).with_file_name("dev-api-key")
 }
 
 /// Local development only (the embedded database): when the database holds no active key, creates

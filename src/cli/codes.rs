@@ -111,7 +111,7 @@ impl CodeArgs {
                 line.replace_range(.., &"0".repeat(line.len()));
                 key?
             }
-            None => crate::keys::resolve::resolve_master_key(settings, false)?,
+            None => crate::config::master_key::resolve_master_key(settings, false)?,
         };
         let format = CodeFormat::new(prefix, digits, check)?;
         let codec = |key_id: &str| {

@@ -185,7 +185,7 @@ where
 /// (nothing started: no worker, schedule or listener). Jobs' personal data opens with a key derived
 /// from the master key, so these commands need it too.
 pub(super) fn queue_service(db: &sqlx::PgPool, settings: &Settings) -> anyhow::Result<Queue> {
-    let master = crate::keys::resolve::resolve_master_key(settings, false)?;
+    let master = crate::config::master_key::resolve_master_key(settings, false)?;
     let seal = crate::queue::seal::Seal::from_settings(&master, &settings.security);
     let runtime = crate::queue::runtime::QueueRuntime::new(settings.queue.clone(), seal);
     Ok(Queue::new(db.clone(), runtime, Default::default(), tokio_util::task::TaskTracker::new()))

@@ -97,7 +97,7 @@ pub(super) async fn run_pools(db: &sqlx::PgPool, settings: &Settings, command: P
 /// from the master key).
 async fn service(db: &sqlx::PgPool, settings: &Settings) -> anyhow::Result<Cif> {
     use crate::cif::fence::{FencePolicy, IncarnationGuard};
-    let master = crate::keys::resolve::resolve_master_key(settings, false)?;
+    let master = crate::config::master_key::resolve_master_key(settings, false)?;
     let pools = crate::cif::Pools::reconcile(db, &settings.pools, &master).await?;
     let policy = FencePolicy::from_settings(settings);
     let upkeep = tokio_util::task::TaskTracker::new();

@@ -12,6 +12,7 @@ use std::time::Duration;
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
+pub(crate) mod master_key;
 mod pools;
 mod queue;
 

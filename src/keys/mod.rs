@@ -1,4 +1,5 @@
-//! Key material: the service-wide master key, where it comes from, and the per-pool keys derived from it.
+//! Key material: the service-wide master key and the per-pool keys derived from it (where the master key
+//! comes from is configuration, `config::master_key`; this module depends on nothing else of the crate).
 //!
 //! This is the only module that reads or writes key files. Key bytes never leave it
 //! except through [`MasterKey::to_hex`] (for `cifpool keygen` and the dev key file)
@@ -18,8 +19,6 @@ use rand::TryRngCore;
 use rand::rngs::OsRng;
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
-
-pub(crate) mod resolve;
 
 /// Length in bytes of both the master key and every pool key.
 pub(crate) const KEY_LEN: usize = 32;

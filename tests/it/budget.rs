@@ -188,6 +188,9 @@ async fn a_tenant_cap_holds_exactly_across_instances_and_claim_batches() {
         let mut s = settings(&db.url, &sms, 400, 64);
         s.queue.claim_batch = 64;
         s.queue.classes.iter_mut().for_each(|c| c.tenant_inflight_cap = 5);
+        // Not a test of backpressure: right after the first 5,000 jobs the drain rate is still averaged
+        // over a mostly idle 30 s window, so the second 5,000 could be refused as overload.
+        s.queue.overload = cifpool::config::OverloadMode::Observe;
         apps.push(spawn_app_with(s).await);
     }
     enqueue(&apps[0], "transactional", "one-tenant", 10_000).await;

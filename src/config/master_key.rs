@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::MasterKey;
-use crate::config::Settings;
+use super::Settings;
+use crate::keys::MasterKey;
 
 /// Finds the master key: `CIFPOOL_MASTER_KEY` (hex), then `security.master_key_file`; with the embedded
 /// database only (a dev set-up), a key generated once into the data directory's parent, which
