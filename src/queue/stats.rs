@@ -212,19 +212,18 @@ pub const STATS_LOCK: i64 = 0x6369_6671 << 32 | 1;
 /// [`STATS_INTERVAL`], the deployment counts about twice per interval however many instances run.
 pub const STATS_FRESH: Duration = Duration::from_secs(1);
 
-/// A class's stored numbers are also fresh for this many times as long as counting that class took:
-/// a class with a large backlog (counting a million waiting jobs takes a few hundred milliseconds) is
-/// counted less often, so counting never takes more than about a fortieth of one core, and its numbers
-/// are then at most that much older. Other classes keep their own pace: a small OTP queue's oldest
-/// waiting age stays as fresh as [`STATS_FRESH`] during a promo campaign.
+/// Stored numbers are also fresh for this many times as long as counting them took: with a large
+/// queue (counting a million waiting jobs takes a few hundred milliseconds) the deployment counts
+/// less often, so counting never takes more than about a fortieth of one core, and the numbers are
+/// then at most that much older.
 pub const STATS_DUTY: f64 = 40.0;
 
-/// Counts into `queue_class_stats` each class of `rt` whose stored numbers are missing or stale (older
-/// than [`STATS_FRESH`], or than [`STATS_DUTY`] times its last count), unless another instance holds
-/// the stats lock (it is counting them now). Counting reads every waiting job, which is why only one
-/// instance does it. `force` counts every class whatever its numbers' age, waiting for the lock.
+/// Counts every class of `rt` into `queue_class_stats` when the stored numbers of one of them are
+/// missing or older than [`STATS_FRESH`], unless another instance holds the stats lock (it is
+/// counting them now). Counting reads every waiting job, which is why only one instance does it.
+/// `force` counts whatever the stored numbers' age, waiting for the lock.
 async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshed, sqlx::Error> {
-    let mut classes: Vec<String> = rt.classes.keys().cloned().collect();
+    let classes: Vec<String> = rt.classes.keys().cloned().collect();
     let mut tx = db.begin().await?;
     if force {
         sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(STATS_LOCK).execute(&mut *tx).await?;
@@ -234,41 +233,28 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
         if !locked {
             return Ok(Refreshed::Shared);
         }
-        let stale: Vec<String> = sqlx::query_scalar(
-            "SELECT c FROM unnest($1::text[]) AS c \
-             WHERE NOT EXISTS (SELECT 1 FROM queue_class_stats s WHERE s.class = c \
-                 AND s.refreshed_at > now() - greatest($2::float8, $3::float8 * s.counting_s) * interval '1 second')",
+        let fresh: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM queue_class_stats \
+             WHERE class = ANY($1) \
+               AND refreshed_at > now() - greatest($2::float8, $3::float8 * counting_s) * interval '1 second'",
         )
         .bind(&classes)
         .bind(STATS_FRESH.as_secs_f64())
         .bind(STATS_DUTY)
-        .fetch_all(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
-        if stale.is_empty() {
+        if fresh as usize >= classes.len() {
             return Ok(Refreshed::Shared);
         }
-        classes = stale;
     }
+    let counting = std::time::Instant::now();
     type Counted = (String, i64, Option<DateTime<Utc>>);
     /// A tenant's waiting jobs in one class: its name, how many, since when the oldest is due.
     type Load<'a> = (&'a str, i64, Option<DateTime<Utc>>);
     /// One row of [`WAITING_BY_TENANT`]: class, tenant, waiting, of which retrying, oldest due.
     type TenantRow = (String, String, i64, i64, Option<DateTime<Utc>>);
-    // Class by class, each timed on its own: a million waiting promo jobs make promo's count slow
-    // and so rarer, while OTP's, a few rows, stays as fresh as ever (its oldest waiting age pages).
-    let mut by_tenant: Vec<TenantRow> = Vec::new();
-    let mut counting_s: Vec<f64> = Vec::new();
-    for class in &classes {
-        let started = std::time::Instant::now();
-        let priority = rt.classes.get(class).map_or(0, |c| c.settings.priority);
-        let rows: Vec<TenantRow> = sqlx::query_as(sqlx::AssertSqlSafe(WAITING_BY_TENANT.as_str()))
-            .bind(priority)
-            .bind(class)
-            .fetch_all(&mut *tx)
-            .await?;
-        by_tenant.extend(rows);
-        counting_s.push(started.elapsed().as_secs_f64());
-    }
+    let by_tenant: Vec<TenantRow> =
+        sqlx::query_as(sqlx::AssertSqlSafe(WAITING_BY_TENANT.as_str())).fetch_all(&mut *tx).await?;
     let mut waiting: Vec<Counted> = Vec::new();
     let mut retrying_by_class: BTreeMap<&str, i64> = BTreeMap::new();
     let mut tenants: BTreeMap<&str, Vec<Load<'_>>> = BTreeMap::new();
@@ -331,13 +317,14 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
             .collect();
         tenant_loads.push(serde_json::to_value(kept).expect("a map of numbers serialises"));
     }
+    let counting_s = counting.elapsed().as_secs_f64();
     sqlx::query(
         "INSERT INTO queue_class_stats \
              (class, pending, oldest_due_at, drain_per_s, dead, oldest_dead_at, tenants, active_tenants, \
               retrying, scheduled, counting_s, refreshed_at) \
-         SELECT c.*, now() \
+         SELECT c.*, $11, now() \
          FROM unnest($1::text[], $2::int8[], $3::timestamptz[], $4::float8[], $5::int8[], $6::timestamptz[], \
-                     $7::jsonb[], $8::int8[], $9::int8[], $10::int8[], $11::float8[]) AS c \
+                     $7::jsonb[], $8::int8[], $9::int8[], $10::int8[]) AS c \
          ON CONFLICT (class) DO UPDATE SET pending = excluded.pending, oldest_due_at = excluded.oldest_due_at, \
              drain_per_s = excluded.drain_per_s, dead = excluded.dead, \
              oldest_dead_at = excluded.oldest_dead_at, tenants = excluded.tenants, \
@@ -354,22 +341,20 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
     .bind(&active_tenants)
     .bind(&retrying)
     .bind(&scheduled)
-    .bind(&counting_s)
+    .bind(counting_s)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
     Ok(Refreshed::Computed)
 }
 
-/// Jobs of one class (`$2`, its priority `$1`, which lets the claim index seek to it) waiting per
-/// tenant (all of them, and those waiting out a retry's backoff), and since when the oldest of each is
-/// due.
+/// Jobs waiting per class and tenant (all of them, and those waiting out a retry's backoff), and
+/// since when the oldest of each is due.
 static WAITING_BY_TENANT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT class, tenant, count(*), count(*) FILTER (WHERE status = {retrying}), \
                 min(greatest(created_at, run_after)) FILTER (WHERE run_after <= now()) \
-         FROM notification_jobs WHERE status IN ({waiting}) AND priority = $1 AND class = $2 \
-         GROUP BY class, tenant",
+         FROM notification_jobs WHERE status IN ({waiting}) GROUP BY class, tenant",
         waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE),
         retrying = JobStatus::Retrying.sql()
     )

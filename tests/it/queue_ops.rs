@@ -629,41 +629,6 @@ async fn batches_beyond_max_concurrent_batches_are_429_not_held_in_memory() {
     assert_eq!(r.status(), 202);
 }
 
-/// Each class keeps its own pace: promo's slow count is not repeated yet while OTP's quick one is, so
-/// OTP's oldest waiting age (which pages) does not go stale behind a promo backlog.
-#[tokio::test]
-async fn a_slow_class_does_not_hold_back_the_count_of_a_quick_one() {
-    let e = env().await;
-    let (db, rt, stats) = (&e.app.state.db, e.app.state.notifications.runtime(), e.app.state.notifications.stats());
-    e.enqueue("promo", "shop", 2).await;
-    stats.refresh_now(db, rt).await.unwrap();
-    sqlx::query(
-        "UPDATE queue_class_stats SET refreshed_at = now() - interval '10 seconds', \
-                counting_s = CASE WHEN class = 'promo' THEN 1 ELSE 0.01 END",
-    )
-    .execute(db)
-    .await
-    .unwrap();
-    let age = |class: &'static str| async move {
-        sqlx::query_scalar::<_, f64>(
-            "SELECT extract(epoch FROM now() - refreshed_at)::float8 FROM queue_class_stats WHERE class = $1",
-        )
-        .bind(class)
-        .fetch_one(db)
-        .await
-        .unwrap()
-    };
-    for _ in 0..50 {
-        stats.refresh(db, rt).await.unwrap();
-        if age("otp").await < 5.0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    assert!(age("otp").await < 5.0, "OTP's quick count is repeated");
-    assert!(age("promo").await >= 9.0, "promo's slow count is not repeated yet");
-}
-
 /// Counting a large queue takes long, so the stored numbers stay fresh for forty times as long as the
 /// last count took: the deployment then spends at most about a fortieth of a core counting.
 #[tokio::test]
