@@ -137,9 +137,9 @@ impl QueueStats {
 
     async fn publish(&self, db: &PgPool, rt: &QueueRuntime) -> Result<(), sqlx::Error> {
         let stored: Vec<StoredStats> = sqlx::query_as(
-            "SELECT class, pending, extract(epoch FROM now() - oldest_due_at)::float8 AS oldest_age_s, \
+            "SELECT class, pending, extract(epoch FROM refreshed_at - oldest_due_at)::float8 AS oldest_age_s, \
                     drain_per_s, dead, extract(epoch FROM now() - oldest_dead_at)::float8 AS oldest_dead_age_s, \
-                    tenants, active_tenants, extract(epoch FROM now())::float8 AS now_epoch \
+                    tenants, active_tenants, extract(epoch FROM refreshed_at)::float8 AS counted_epoch \
              FROM queue_class_stats",
         )
         .fetch_all(db)
@@ -168,7 +168,7 @@ impl QueueStats {
     }
 }
 
-/// A row of `queue_class_stats`, its instants read as ages now.
+/// A row of `queue_class_stats`: waiting ages as of its count, the oldest dead letter's age now.
 #[derive(sqlx::FromRow)]
 struct StoredStats {
     class: String,
@@ -179,7 +179,9 @@ struct StoredStats {
     oldest_dead_age_s: Option<f64>,
     tenants: sqlx::types::Json<BTreeMap<String, (i64, Option<f64>)>>,
     active_tenants: i64,
-    now_epoch: f64,
+    /// When the numbers were counted: waiting ages are as of then, not grown since (the job that was
+    /// oldest then may have been sent since; a count at most a few seconds old shows it).
+    counted_epoch: f64,
 }
 
 impl StoredStats {
@@ -188,7 +190,7 @@ impl StoredStats {
             .tenants
             .iter()
             .map(|(t, (pending, due_at))| {
-                let oldest_age_s = due_at.map_or(0.0, |at| (self.now_epoch - at).max(0.0));
+                let oldest_age_s = due_at.map_or(0.0, |at| (self.counted_epoch - at).max(0.0));
                 (t.clone(), TenantLoad { pending: (*pending).max(0) as u64, oldest_age_s })
             })
             .collect();

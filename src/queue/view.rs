@@ -100,7 +100,7 @@ struct Counted {
 pub async fn read(db: &PgPool, rt: &QueueRuntime, stats: &QueueStats) -> Result<QueueView, sqlx::Error> {
     let counted: Vec<Counted> = sqlx::query_as(
         "SELECT class, pending, retrying, scheduled, dead, \
-                extract(epoch FROM now() - oldest_due_at)::float8 AS oldest_age_s, \
+                extract(epoch FROM refreshed_at - oldest_due_at)::float8 AS oldest_age_s, \
                 extract(epoch FROM now() - refreshed_at)::float8 AS age_s \
          FROM queue_class_stats",
     )

@@ -629,6 +629,29 @@ async fn batches_beyond_max_concurrent_batches_are_429_not_held_in_memory() {
     assert_eq!(r.status(), 202);
 }
 
+/// Between two counts the oldest waiting age is the one counted, not grown since: the job that was
+/// oldest then may have been sent the moment after, and a count kept for seconds must not make a
+/// healthy OTP queue look stuck.
+#[tokio::test]
+async fn a_kept_count_shows_the_age_it_counted() {
+    let e = env().await;
+    let (db, rt, stats) = (&e.app.state.db, e.app.state.notifications.runtime(), e.app.state.notifications.stats());
+    e.enqueue("promo", "shop", 1).await;
+    stats.refresh_now(db, rt).await.unwrap();
+    // Promo counted 30 s ago with its oldest then 3 s old; every count still fresh (each took 10 s).
+    sqlx::query(
+        "UPDATE queue_class_stats SET counting_s = 10, \
+                refreshed_at = CASE WHEN class = 'promo' THEN now() - interval '30 seconds' ELSE now() END, \
+                oldest_due_at = CASE WHEN class = 'promo' THEN now() - interval '33 seconds' ELSE oldest_due_at END",
+    )
+    .execute(db)
+    .await
+    .unwrap();
+    stats.refresh(db, rt).await.unwrap();
+    let age = stats.get("promo").unwrap().oldest_age_s;
+    assert!((age - 3.0).abs() < 0.5, "the age as counted, not 33 s: {age}");
+}
+
 /// Counting a large queue takes long, so the stored numbers stay fresh for forty times as long as the
 /// last count took: the deployment then spends at most about a fortieth of a core counting.
 #[tokio::test]
