@@ -28,8 +28,8 @@ use sqlx::{Connection, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
-use super::soak::{POOL, available, feed, otps, reserve_and_confirm};
-use super::{BenchArgs, bench_pool, db_now, use_noop_providers};
+use super::soak::{feed, otps, reserve_and_confirm};
+use super::{BenchArgs, db_now};
 use cifpool::config::Settings;
 use cifpool::internals::horizon;
 
@@ -160,20 +160,7 @@ pub async fn run(
     let untimed = connect.clone().options([("statement_timeout", "0")]);
     let harness = PgPoolOptions::new().max_connections(2).connect_with(untimed).await?;
     let machine = Machine::probe(&harness).await?;
-    let mut app = settings.clone();
-    use_noop_providers(&mut app);
-    app.queue.workers_enabled = true;
-    let mut pool = bench_pool(POOL, "8", 10_000, 10);
-    pool.low_watermark = 50_000;
-    pool.refill_schedule = "*/5 * * * * *".into();
-    pool.reclaim_schedule = "*/30 * * * * *".into();
-    pool.lease_ttl = Duration::from_secs(300);
-    app.pools = vec![pool];
-    let service = super::start_service(connect, app).await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while available(&harness).await? < 50_000 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let service = super::soak::start_as_in_production(connect, settings, &harness).await?;
 
     let start = db_now(&harness).await?;
     let started = Instant::now();

@@ -112,14 +112,14 @@ pub struct SoakResults {
     pub tables_end: Vec<TableSize>,
 }
 
-/// Runs the soak on the scratch database behind `connect`.
-pub async fn run(
+/// One service instance with everything on as in production (worker groups, the [`POOL`] pool's refill
+/// every 5 s above a watermark of 50,000, reclaim, sweeps, statistics), no-op providers; returns once the
+/// first refill has filled the pool (or after 60 s), so the clock starts on a full pool.
+pub(super) async fn start_as_in_production(
     connect: &PgConnectOptions,
     settings: &Settings,
-    opts: &SoakOptions,
-) -> anyhow::Result<BenchReport<SoakResults>> {
-    let harness = PgPoolOptions::new().max_connections(2).connect_with(connect.clone()).await?;
-    let machine = Machine::probe(&harness).await?;
+    harness: &PgPool,
+) -> anyhow::Result<cifpool::startup::RunningApp> {
     let mut app = settings.clone();
     use_noop_providers(&mut app);
     app.queue.workers_enabled = true;
@@ -130,11 +130,22 @@ pub async fn run(
     pool.lease_ttl = Duration::from_secs(300);
     app.pools = vec![pool];
     let service = super::start_service(connect, app).await?;
-    // Let the first refill fill the pool before the clock starts.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while available(&harness).await? < 50_000 && Instant::now() < deadline {
+    while available(harness).await? < 50_000 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    Ok(service)
+}
+
+/// Runs the soak on the scratch database behind `connect`.
+pub async fn run(
+    connect: &PgConnectOptions,
+    settings: &Settings,
+    opts: &SoakOptions,
+) -> anyhow::Result<BenchReport<SoakResults>> {
+    let harness = PgPoolOptions::new().max_connections(2).connect_with(connect.clone()).await?;
+    let machine = Machine::probe(&harness).await?;
+    let service = start_as_in_production(connect, settings, &harness).await?;
     let tables_start = table_sizes(&harness).await?;
     let start = db_now(&harness).await?;
     let started = Instant::now();
