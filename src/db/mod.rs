@@ -10,7 +10,8 @@ pub(crate) mod open;
 pub use open::Database;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use secrecy::ExposeSecret;
 use sqlx::PgPool;
@@ -36,12 +37,49 @@ pub fn options_from_url(url: &secrecy::SecretString) -> Result<PgConnectOptions,
 /// Connections idle at least this long are pinged before they are handed out (see [`pool`]).
 const PING_IF_IDLE_FOR: Duration = Duration::from_millis(100);
 
+/// After a connection of the pool fails its ping, every connection is pinged for this long.
+const PING_ALL_AFTER_A_FAILURE_FOR: Duration = Duration::from_secs(10);
+
+/// Whether the pool's connections are to be trusted without a ping: a failed ping is evidence that the
+/// server went away, and every other connection is then suspect, however recently it was used. Idle
+/// time alone does not tell: the pool resets a connection's idle clock in places that make no round
+/// trip (its upkeep puts idle connections back into the queue), and after a failover a connection to
+/// the dead server was seen handed out with 83 ms of idle time.
+#[derive(Debug)]
+struct ConnectionTrust {
+    since: Instant,
+    /// Milliseconds after `since` until which every connection is pinged; 0 before any failure.
+    suspect_until_ms: AtomicU64,
+}
+
+impl ConnectionTrust {
+    fn new() -> Self {
+        Self { since: Instant::now(), suspect_until_ms: AtomicU64::new(0) }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether a connection idle for `idle_for` must be pinged before use.
+    fn must_ping(&self, idle_for: Duration) -> bool {
+        idle_for >= PING_IF_IDLE_FOR || self.now_ms() < self.suspect_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// A connection failed its ping: suspect every other one for a while.
+    fn failed(&self) {
+        let until = self.now_ms().saturating_add(PING_ALL_AFTER_A_FAILURE_FOR.as_millis() as u64);
+        self.suspect_until_ms.fetch_max(until, Ordering::Relaxed);
+    }
+}
+
 /// Builds the pool. Connections are opened lazily, so a service whose database is down still starts
 /// serving `/healthz` and reports `/readyz` 503 rather than crash-looping. Every new connection is
 /// checked by `incarnation` (once armed) before it serves anything: after a failover, the first
 /// statement on the promoted server runs only once the pools are fenced.
 pub fn pool(settings: &DatabaseSettings, options: PgConnectOptions, incarnation: &Arc<IncarnationGuard>) -> PgPool {
     let incarnation = incarnation.clone();
+    let trust = Arc::new(ConnectionTrust::new());
     let statement_timeout = settings.statement_timeout.as_millis().to_string();
     let options = options.application_name("cifpool").options([("statement_timeout", statement_timeout.as_str())]);
     PgPoolOptions::new()
@@ -49,14 +87,15 @@ pub fn pool(settings: &DatabaseSettings, options: PgConnectOptions, incarnation:
         .min_connections(settings.min_connections)
         .acquire_timeout(settings.acquire_timeout)
         // A connection that sat idle through a database restart is dead; test it before reuse. One
-        // handed back moments ago is not tested: a restart or failover takes longer than
-        // `PING_IF_IDLE_FOR`, so such a connection cannot have slept through one, and the ping would be
-        // one more round trip to the server on every request.
+        // handed back moments ago is not tested (the test is a round trip to the server on every
+        // request) unless another connection has just failed its test: then the server went away,
+        // and every connection is tested until none has failed for a while.
         .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
+        .before_acquire(move |conn, meta| {
+            let trust = trust.clone();
             Box::pin(async move {
-                if meta.idle_for >= PING_IF_IDLE_FOR {
-                    sqlx::Connection::ping(conn).await?;
+                if trust.must_ping(meta.idle_for) {
+                    sqlx::Connection::ping(conn).await.inspect_err(|_| trust.failed())?;
                 }
                 Ok(true)
             })
@@ -143,5 +182,21 @@ pub async fn readiness(pool: &PgPool, limit: Duration) -> Readiness {
             Readiness::SchemaBehind { applied: 0, expected }
         }
         Ok(Err(e)) => Readiness::Unreachable(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recently_used_connection_is_trusted_until_another_fails_its_ping() {
+        let trust = ConnectionTrust::new();
+        assert!(!trust.must_ping(Duration::from_millis(5)));
+        assert!(trust.must_ping(PING_IF_IDLE_FOR));
+        trust.failed();
+        assert!(trust.must_ping(Duration::ZERO), "after a failure every connection is pinged");
+        trust.suspect_until_ms.store(trust.now_ms(), Ordering::Relaxed);
+        assert!(!trust.must_ping(Duration::from_millis(5)), "the suspicion ends");
     }
 }
