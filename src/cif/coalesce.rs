@@ -63,16 +63,15 @@ impl Coalescer {
         Coalescer { queue, busy }
     }
 
-    /// Whether no claim statement of the pool is running: then a request has nobody to share with and
-    /// claims alone, without the hop to a flusher. Claims the slot when it answers yes; the caller
-    /// gives it back with [`Coalescer::done_alone`].
-    pub fn idle(&self) -> bool {
-        self.busy.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).is_ok()
-    }
-
-    /// Ends a claim taken alone after [`Coalescer::idle`].
-    pub(crate) fn done_alone(&self) {
-        self.busy.fetch_sub(1, Ordering::AcqRel);
+    /// A claim alone, if no claim statement of the pool is running: then a request has nobody to share
+    /// with and claims by itself, without the hop to a flusher. The slot is the pool's until the
+    /// returned guard is dropped, which also happens when the request is cancelled mid-claim (a client
+    /// that went away, a request timeout): a slot kept by a cancelled request would send every later
+    /// request through the flushers.
+    pub fn alone(&self) -> Option<Alone<'_>> {
+        // `then`, not `then_some`: an `Alone` built and dropped on the way to `None` would give back a
+        // slot it never took.
+        self.busy.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).is_ok().then(|| Alone(&self.busy))
     }
 
     /// Reserves through the next shared statement.
@@ -82,6 +81,15 @@ impl Coalescer {
             return Shared::RetryAlone;
         }
         answer.await.unwrap_or(Shared::RetryAlone)
+    }
+}
+
+/// A claim statement running alone (see [`Coalescer::alone`]); gives its slot back when dropped.
+pub(crate) struct Alone<'a>(&'a AtomicUsize);
+
+impl Drop for Alone<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -138,5 +146,36 @@ async fn flush(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn coalescer() -> Coalescer {
+        let (queue, _waiting) = mpsc::unbounded_channel();
+        Coalescer { queue, busy: Arc::new(AtomicUsize::new(0)) }
+    }
+
+    #[test]
+    fn one_claim_alone_at_a_time_and_its_slot_comes_back_when_dropped() {
+        let coalescer = coalescer();
+        let first = coalescer.alone().expect("nothing runs yet");
+        assert!(coalescer.alone().is_none(), "a second request shares instead");
+        drop(first);
+        assert!(coalescer.alone().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_claim_gives_its_slot_back() {
+        let coalescer = coalescer();
+        let claim = async {
+            let _alone = coalescer.alone().expect("nothing runs yet");
+            std::future::pending::<()>().await;
+        };
+        // The request is dropped mid-claim, as when its client goes away or it times out.
+        assert!(tokio::time::timeout(std::time::Duration::from_millis(10), claim).await.is_err());
+        assert!(coalescer.alone().is_some(), "the slot was given back");
     }
 }

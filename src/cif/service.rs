@@ -171,11 +171,9 @@ impl Cif {
             return store::reserve(db, pool, holder, idempotency_key, actor).await;
         }
         let coalescer = pool.coalescer.get_or_init(|| Coalescer::start(db.clone(), Arc::downgrade(pool)));
-        if coalescer.idle() {
+        if let Some(_alone) = coalescer.alone() {
             metrics::histogram!("cifpool_reservation_batch_size", "pool" => pool.name().to_string()).record(1.0);
-            let alone = store::reserve(db, pool, holder, None, actor).await;
-            coalescer.done_alone();
-            return alone;
+            return store::reserve(db, pool, holder, None, actor).await;
         }
         let request = store::Request { holder: holder.map(str::to_string), actor: actor.clone() };
         match coalescer.reserve(request).await {
