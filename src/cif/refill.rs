@@ -6,8 +6,10 @@
 //! watermark and adds `ceil(deficit / batch_size)` batches, at most `max_batches_per_run`. Each batch
 //! is one transaction: advance `cif_pools.next_counter` (row lock, so even without the advisory
 //! lock two refills could never take the same counters), compute the codes in the service (the key
-//! never reaches the database), `COPY` them in and add a `pool.refilled` audit row naming the counters. A crash mid-run loses at most the open batch, whose
-//! counter advance rolls back with it: no counter is ever issued twice.
+//! never reaches the database), `COPY` them in and add a `pool.refilled` audit row naming the
+//! counters. Batches commit without waiting for the disk; the run's last write waits for all of them.
+//! A crash mid-run loses at most the batches not yet on disk, whose counter advances roll back with
+//! them: no counter is ever issued twice.
 
 use std::time::Instant;
 
@@ -146,7 +148,9 @@ pub async fn refill(db: &PgPool, pool: &Pool, opts: RefillOptions) -> Result<Ref
     };
     if let Some(mut lock) = RefillLock::try_take(db, pool).await? {
         run_locked(lock.conn(), pool, opts, &mut summary).await?;
-        if !matches!(summary.outcome, RefillOutcome::Refused | RefillOutcome::Halted) {
+        // Also after a refusal that followed added batches: this commit is the one that waits for the
+        // log to reach disk, so the run's codes are durable when it returns.
+        if summary.codes_added > 0 || !matches!(summary.outcome, RefillOutcome::Refused | RefillOutcome::Halted) {
             record_run(lock.conn(), pool.id, summary.codes_added).await?;
         }
         lock.release().await?;
@@ -296,6 +300,12 @@ async fn add_batch(
 ) -> Result<Batch, sqlx::Error> {
     let s = &pool.settings;
     let mut tx = conn.begin().await?;
+    // The batch's commit does not wait for its WAL to reach disk (the run's last write, `record_run`,
+    // does, and with it every batch before). Safe because the log is one sequence: a crash can lose
+    // only batches after the last flushed commit, each with its own counter advance, so their
+    // counters are taken again; and any reservation or confirmation of one of their codes commits
+    // after the batch, so flushing it flushes the batch first.
+    sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await?;
     // Take the next counters (row-locked); near the end of the domain, what is left. Only while the
     // row still holds this instance's format and key check: counters advanced under another
     // permutation would not be what the rest of the deployment decodes.
