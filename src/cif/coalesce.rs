@@ -19,7 +19,7 @@ use crate::cif::store::{self, Request, Reservation};
 
 /// Most reservations one statement claims for (the statement's cost grows with it; 64 covers the
 /// request concurrency one pod sees).
-pub(crate) const MOST_PER_STATEMENT: usize = 64;
+pub(crate) const MOST_PER_STATEMENT: usize = store::MOST_PER_SHARED_CLAIM;
 
 /// Shared statements of one pool in flight at once on this instance: while one runs, the next batch
 /// gathers and another flusher can already send it. Four rather than two kept the p99 of a fixed

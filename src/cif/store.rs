@@ -35,26 +35,30 @@ pub(crate) const AVAILABLE: &str = "'available'";
 /// SQL literal of the held state.
 pub(crate) const RESERVED: &str = "'reserved'";
 
-/// Claim one code of pool `$3`, the lowest available from counter `$9` on (see
-/// [`crate::cif::cursor`]), for holder `$4`, with its audit row (actor `$5`, request id `$6`, pool name
-/// `$7`, client request id `$8`) in the same statement.
+/// Claim one code of pool `$2` (lease `$1` seconds), the lowest available from counter `$8` on (see
+/// [`crate::cif::cursor`]), for holder `$3`, with its audit row (actor `$4`, request id `$5`, pool name
+/// `$6`, client request id `$7`) in the same statement. Its limit is written in (see
+/// [`ClaimTable::claim_at_most_sql`]): planned once per connection, not at every reservation.
 static RESERVE: LazyLock<String> = LazyLock::new(|| {
-    let claim = CODES.claim_sql(&ClaimSpec {
-        free: AVAILABLE,
-        held: RESERVED,
-        filter: "pool_id = $3 AND counter >= $9",
-        order_by: "pool_id, counter",
-        set: "holder = $4, reserved_at = now()",
-        returning: "t.code, t.lease_token, t.lease_expires_at, t.holder, t.counter",
-        carry: "",
-        gate: "",
-        report: "",
-    });
+    let claim = CODES.claim_at_most_sql(
+        &ClaimSpec {
+            free: AVAILABLE,
+            held: RESERVED,
+            filter: "pool_id = $2 AND counter >= $8",
+            order_by: "pool_id, counter",
+            set: "holder = $3, reserved_at = now()",
+            returning: "t.code, t.lease_token, t.lease_expires_at, t.holder, t.counter",
+            carry: "",
+            gate: "",
+            report: "",
+        },
+        1,
+    );
     let columns = Columns {
-        actor: "$5",
-        request_id: "$6",
-        client_request_id: "$8",
-        pool: "$7",
+        actor: "$4",
+        request_id: "$5",
+        client_request_id: "$7",
+        pool: "$6",
         cif: "code",
         holder: "holder",
         ..Default::default()
@@ -66,33 +70,62 @@ static RESERVE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Claim up to `$1` codes of pool `$3` at once, from counter `$9` on, one per waiting reservation: the i-th claimed row (in
-/// claim order) goes to the i-th element of the holder `$4`, actor `$5`, request id `$6` and client
-/// request id `$8` arrays, with one audit row each (pool name `$7`). Returns each row's 1-based request index `rn`.
-static RESERVE_MANY: LazyLock<String> = LazyLock::new(|| {
-    let claim = CODES.claim_sql(&ClaimSpec {
-        free: AVAILABLE,
-        held: RESERVED,
-        filter: "pool_id = $3 AND counter >= $9",
-        order_by: "pool_id, counter",
-        set: "holder = admitted.holder, reserved_at = now()",
-        returning: "t.code, t.lease_token, t.lease_expires_at, t.holder, t.counter, admitted.rn, admitted.actor, \
-                    admitted.request_id, admitted.client_request_id",
-        carry: "",
-        gate: "numbered AS ( \
-                  SELECT pool_id, counter, row_number() OVER (ORDER BY pool_id, counter) AS rn FROM picked), \
-               admitted AS ( \
-                  SELECT n.pool_id, n.counter, r.rn, r.holder, r.actor, r.request_id, r.client_request_id \
-                  FROM numbered n \
-                  JOIN unnest($4::text[], $5::text[], $6::text[], $8::text[]) WITH ORDINALITY \
-                       AS r(holder, actor, request_id, client_request_id, rn) ON r.rn = n.rn)",
-        report: "",
-    });
+/// Sizes of the shared claim: a statement for `n` waiting reservations is the one of the smallest
+/// size that covers them. Each size has its limit written in, so the server keeps one plan per size
+/// and connection instead of planning every shared claim again (a limit bound as a parameter makes
+/// it do that, see [`ClaimTable::claim_at_most_sql`]); a statement locks at most twice the rows it
+/// claims, and leaves the extra ones as they were when it ends.
+const SHARED_CLAIM_SIZES: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+
+/// Most reservations one shared claim serves: its largest size.
+pub(crate) const MOST_PER_SHARED_CLAIM: usize = SHARED_CLAIM_SIZES[SHARED_CLAIM_SIZES.len() - 1];
+
+/// [`reserve_many_text`] for each of [`SHARED_CLAIM_SIZES`].
+static RESERVE_MANY_BY_SIZE: LazyLock<Vec<String>> =
+    LazyLock::new(|| SHARED_CLAIM_SIZES.iter().map(|&size| reserve_many_text(size)).collect());
+
+/// The shared claim of the largest size, as the catalog shows it (the smaller sizes differ only in
+/// their `LIMIT`).
+static RESERVE_MANY: LazyLock<String> = LazyLock::new(|| reserve_many_sql(MOST_PER_SHARED_CLAIM).to_string());
+
+/// The shared claim for `n` waiting reservations (at most [`MOST_PER_SHARED_CLAIM`]).
+fn reserve_many_sql(n: usize) -> &'static str {
+    let size = SHARED_CLAIM_SIZES.iter().position(|&size| size >= n).unwrap_or(SHARED_CLAIM_SIZES.len() - 1);
+    &RESERVE_MANY_BY_SIZE[size]
+}
+
+/// Claim up to `size` codes of pool `$2` (lease `$1` seconds) at once, from counter `$8` on, one per
+/// waiting reservation: the i-th claimed row (in claim order) goes to the i-th element of the holder
+/// `$3`, actor `$4`, request id `$5` and client request id `$7` arrays, with one audit row each (pool
+/// name `$6`); rows picked beyond the arrays' length are not claimed. Returns each row's 1-based
+/// request index `rn`.
+fn reserve_many_text(size: usize) -> String {
+    let claim = CODES.claim_at_most_sql(
+        &ClaimSpec {
+            free: AVAILABLE,
+            held: RESERVED,
+            filter: "pool_id = $2 AND counter >= $8",
+            order_by: "pool_id, counter",
+            set: "holder = admitted.holder, reserved_at = now()",
+            returning: "t.code, t.lease_token, t.lease_expires_at, t.holder, t.counter, admitted.rn, admitted.actor, \
+                        admitted.request_id, admitted.client_request_id",
+            carry: "",
+            gate: "numbered AS ( \
+                      SELECT pool_id, counter, row_number() OVER (ORDER BY pool_id, counter) AS rn FROM picked), \
+                   admitted AS ( \
+                      SELECT n.pool_id, n.counter, r.rn, r.holder, r.actor, r.request_id, r.client_request_id \
+                      FROM numbered n \
+                      JOIN unnest($3::text[], $4::text[], $5::text[], $7::text[]) WITH ORDINALITY \
+                           AS r(holder, actor, request_id, client_request_id, rn) ON r.rn = n.rn)",
+            report: "",
+        },
+        size,
+    );
     let columns = Columns {
         actor: "actor",
         request_id: "request_id",
         client_request_id: "client_request_id",
-        pool: "$7",
+        pool: "$6",
         cif: "code",
         holder: "holder",
         ..Default::default()
@@ -102,7 +135,7 @@ static RESERVE_MANY: LazyLock<String> = LazyLock::new(|| {
         &insert_from(action::CIF_RESERVED, &columns, "done"),
         "rn, code, lease_token, lease_expires_at, counter",
     )
-});
+}
 
 /// One reservation waiting to share a claim statement: who holds it and on whose behalf.
 #[derive(Debug, Clone)]
@@ -121,10 +154,10 @@ pub async fn reserve_many(
     requests: &[Request],
 ) -> Result<Vec<Option<Reservation>>, sqlx::Error> {
     let floor = pool.cursor.floor(now_ms());
-    let mut out = claim_many(db, pool, requests.iter().collect(), floor).await?;
+    let mut out = claim_in_chunks(db, pool, requests.iter().collect(), floor).await?;
     let missing: Vec<usize> = (0..out.len()).filter(|&i| out[i].is_none()).collect();
     if !missing.is_empty() && pool.cursor.rewind(floor) {
-        let again = claim_many(db, pool, missing.iter().map(|&i| &requests[i]).collect(), 0).await?;
+        let again = claim_in_chunks(db, pool, missing.iter().map(|&i| &requests[i]).collect(), 0).await?;
         for (i, held) in missing.into_iter().zip(again) {
             out[i] = held;
         }
@@ -132,7 +165,23 @@ pub async fn reserve_many(
     Ok(out)
 }
 
-/// One [`RESERVE_MANY`] from counter `floor` on, for `requests`; the answer is in their order.
+/// [`claim_many`] for every [`MOST_PER_SHARED_CLAIM`] of `requests` in turn; the answer is in their
+/// order.
+async fn claim_in_chunks(
+    db: &PgPool,
+    pool: &Pool,
+    requests: Vec<&Request>,
+    floor: i64,
+) -> Result<Vec<Option<Reservation>>, sqlx::Error> {
+    let mut out = Vec::with_capacity(requests.len());
+    for chunk in requests.chunks(MOST_PER_SHARED_CLAIM) {
+        out.extend(claim_many(db, pool, chunk.to_vec(), floor).await?);
+    }
+    Ok(out)
+}
+
+/// One shared claim ([`RESERVE_MANY`] of the size that covers `requests`, at most
+/// [`MOST_PER_SHARED_CLAIM`]) from counter `floor` on; the answer is in their order.
 async fn claim_many(
     db: &PgPool,
     pool: &Pool,
@@ -143,8 +192,7 @@ async fn claim_many(
     let actors: Vec<&str> = requests.iter().map(|r| r.actor.name.as_str()).collect();
     let request_ids: Vec<Option<&str>> = requests.iter().map(|r| r.actor.request_id.as_deref()).collect();
     let client_request_ids: Vec<Option<&str>> = requests.iter().map(|r| r.actor.client_request_id.as_deref()).collect();
-    let rows = sqlx::query(sqlx::AssertSqlSafe(RESERVE_MANY.as_str()))
-        .bind(requests.len() as i64)
+    let rows = sqlx::query(sqlx::AssertSqlSafe(reserve_many_sql(requests.len())))
         .bind(pool.settings.lease_ttl.as_secs_f64())
         .bind(pool.id)
         .bind(&holders)
@@ -165,10 +213,10 @@ async fn claim_many(
     Ok(out)
 }
 
-/// The one-statement reservation the API runs, audit row included (binds: `$1` limit, `$2` lease
-/// seconds, `$3` pool id, `$4` holder, `$5` actor, `$6` request id, `$7` pool name, `$8` the
-/// caller's own request id, `$9` the lowest counter to consider), for benchmarks that compare the
-/// service with the same raw SQL.
+/// The one-statement reservation the API runs, audit row included (binds: `$1` lease seconds, `$2`
+/// pool id, `$3` holder, `$4` actor, `$5` request id, `$6` pool name, `$7` the caller's own request
+/// id, `$8` the lowest counter to consider), for benchmarks that compare the service with the same
+/// raw SQL.
 pub fn reserve_sql() -> &'static str {
     RESERVE.as_str()
 }
@@ -239,7 +287,6 @@ pub async fn reserve(
     let lease_secs = pool.settings.lease_ttl.as_secs_f64();
     let claim = |floor: i64| {
         sqlx::query(sqlx::AssertSqlSafe(RESERVE.as_str()))
-            .bind(1_i64)
             .bind(lease_secs)
             .bind(pool.id)
             .bind(holder)

@@ -19,6 +19,7 @@ mod cif_coalesce;
 mod cif_config;
 mod cif_holds;
 mod claim_order;
+mod claim_plans;
 mod cli_codes;
 mod cli_keys;
 mod cli_queue;

@@ -36,16 +36,15 @@ impl RawMethod {
 /// positions.
 pub fn pgbench_script() -> String {
     let sql = cifpool::internals::reservations::reserve_sql()
-        .replace("$1", ":lim")
-        .replace("$2", ":lease")
-        .replace("$3", ":pool_id")
-        .replace("$4", ":holder")
-        .replace("$5", ":actor")
-        .replace("$6", ":request_id")
-        .replace("$7", ":pool_name")
-        .replace("$8", ":client_request_id")
+        .replace("$1", ":lease")
+        .replace("$2", ":pool_id")
+        .replace("$3", ":holder")
+        .replace("$4", ":actor")
+        .replace("$5", ":request_id")
+        .replace("$6", ":pool_name")
+        .replace("$7", ":client_request_id")
         // The raw claim scans from the lowest counter, as one statement without the service's cursor.
-        .replace("$9", "0");
+        .replace("$8", "0");
     format!("{sql};\n")
 }
 
@@ -73,7 +72,7 @@ pub(crate) async fn pgbench_level(
         .args(["-c", &c.to_string(), "-j", &c.min(2).to_string(), "-T", &secs.to_string()])
         .arg("-f")
         .arg(&script)
-        .args(["-D", "lim=1", "-D", &format!("lease={lease}"), "-D", &format!("pool_id={}", pool.id)])
+        .args(["-D", &format!("lease={lease}"), "-D", &format!("pool_id={}", pool.id)])
         .args(["-D", &format!("holder={HOLDER}"), "-D", &format!("actor={RAW_ACTOR}"), "-D", "request_id=raw"])
         .args(["-D", "client_request_id=raw"])
         .args(["-D", &format!("pool_name={}", pool.name())])
@@ -177,7 +176,6 @@ pub(crate) async fn sqlx_level(
             while Instant::now() < deadline {
                 let t0 = Instant::now();
                 let res = sqlx::query(sqlx::AssertSqlSafe(cifpool::internals::reservations::reserve_sql()))
-                    .bind(1_i64)
                     .bind(lease)
                     .bind(pool_id)
                     .bind(HOLDER)

@@ -408,7 +408,7 @@ pub async fn run(
             Placement::InProcess { .. } => "reqwest, keep-alive pool, one tokio task per client, in the same process as the service",
         },
         "load_generator": opts.load,
-        "pgbench": "pgbench -n -M prepared -c C -j min(C,2) -T secs -f claim.sql -D lim=1 -D lease=3600 -D pool_id=ID -D holder=bench -D actor=bench-raw -D request_id=raw -D pool_name=bench -D client_request_id=raw -l",
+        "pgbench": "pgbench -n -M prepared -c C -j min(C,2) -T secs -f claim.sql -D lease=3600 -D pool_id=ID -D holder=bench -D actor=bench-raw -D request_id=raw -D pool_name=bench -D client_request_id=raw -l",
     });
     Ok(BenchReport { target: "reserve".into(), parameters, machine, results, notes })
 }
