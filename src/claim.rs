@@ -28,7 +28,8 @@
 //! Tokens are random UUIDs (`gen_random_uuid()`), not a sequence: the CIF API hands them to clients as
 //! reservation capabilities, and a guessable one would let a pod release another pod's hold.
 //!
-//! Parameter numbering: a claim statement binds `$1` = limit and `$2` = lease seconds; a fenced
+//! Parameter numbering: a claim statement binds `$1` = limit and `$2` = lease seconds (a claim with
+//! its limit written in, [`ClaimTable::claim_at_most_sql`], binds `$1` = lease seconds); a fenced
 //! statement binds `$1` = token; a sweep binds `$1` = batch limit. Caller predicates and assignments
 //! use the numbers after those.
 
