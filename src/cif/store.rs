@@ -35,25 +35,33 @@ pub(crate) const AVAILABLE: &str = "'available'";
 /// SQL literal of the held state.
 pub(crate) const RESERVED: &str = "'reserved'";
 
-/// Claim one code of pool `$2` (lease `$1` seconds), the lowest available from counter `$8` on (see
-/// [`crate::cif::cursor`]), for holder `$3`, with its audit row (actor `$4`, request id `$5`, pool name
-/// `$6`, client request id `$7`) in the same statement. Its limit is written in (see
-/// [`ClaimTable::claim_at_most_sql`]): planned once per connection, not at every reservation.
-static RESERVE: LazyLock<String> = LazyLock::new(|| {
-    let claim = CODES.claim_at_most_sql(
+/// The claim both reservation statements share: up to `size` available codes of pool `$2` (lease `$1`
+/// seconds) from counter `$8` on, lowest first, marked reserved with `set`; `returning` adds to the
+/// claimed row's columns and `gate` (empty for none) decides which picked rows are claimed.
+fn claim_codes(size: usize, set: &str, returning: &str, gate: &str) -> String {
+    let returning = format!("t.code, t.lease_token, t.lease_expires_at, t.holder, t.counter{returning}");
+    CODES.claim_at_most_sql(
         &ClaimSpec {
             free: AVAILABLE,
             held: RESERVED,
             filter: "pool_id = $2 AND counter >= $8",
             order_by: "pool_id, counter",
-            set: "holder = $3, reserved_at = now()",
-            returning: "t.code, t.lease_token, t.lease_expires_at, t.holder, t.counter",
+            set,
+            returning: &returning,
             carry: "",
-            gate: "",
+            gate,
             report: "",
         },
-        1,
-    );
+        size,
+    )
+}
+
+/// Claim one code of pool `$2` (lease `$1` seconds), the lowest available from counter `$8` on (see
+/// [`crate::cif::cursor`]), for holder `$3`, with its audit row (actor `$4`, request id `$5`, pool name
+/// `$6`, client request id `$7`) in the same statement. Its limit is written in (see
+/// [`ClaimTable::claim_at_most_sql`]): planned once per connection, not at every reservation.
+static RESERVE: LazyLock<String> = LazyLock::new(|| {
+    let claim = claim_codes(1, "holder = $3, reserved_at = now()", "", "");
     let columns = Columns {
         actor: "$4",
         request_id: "$5",
@@ -90,6 +98,7 @@ static RESERVE_MANY: LazyLock<String> = LazyLock::new(|| reserve_many_sql(MOST_P
 
 /// The shared claim for `n` waiting reservations (at most [`MOST_PER_SHARED_CLAIM`]).
 fn reserve_many_sql(n: usize) -> &'static str {
+    debug_assert!(n <= MOST_PER_SHARED_CLAIM, "{n} requests for one shared claim");
     let size = SHARED_CLAIM_SIZES.iter().position(|&size| size >= n).unwrap_or(SHARED_CLAIM_SIZES.len() - 1);
     &RESERVE_MANY_BY_SIZE[size]
 }
@@ -100,26 +109,17 @@ fn reserve_many_sql(n: usize) -> &'static str {
 /// name `$6`); rows picked beyond the arrays' length are not claimed. Returns each row's 1-based
 /// request index `rn`.
 fn reserve_many_text(size: usize) -> String {
-    let claim = CODES.claim_at_most_sql(
-        &ClaimSpec {
-            free: AVAILABLE,
-            held: RESERVED,
-            filter: "pool_id = $2 AND counter >= $8",
-            order_by: "pool_id, counter",
-            set: "holder = admitted.holder, reserved_at = now()",
-            returning: "t.code, t.lease_token, t.lease_expires_at, t.holder, t.counter, admitted.rn, admitted.actor, \
-                        admitted.request_id, admitted.client_request_id",
-            carry: "",
-            gate: "numbered AS ( \
-                      SELECT pool_id, counter, row_number() OVER (ORDER BY pool_id, counter) AS rn FROM picked), \
-                   admitted AS ( \
-                      SELECT n.pool_id, n.counter, r.rn, r.holder, r.actor, r.request_id, r.client_request_id \
-                      FROM numbered n \
-                      JOIN unnest($3::text[], $4::text[], $5::text[], $7::text[]) WITH ORDINALITY \
-                           AS r(holder, actor, request_id, client_request_id, rn) ON r.rn = n.rn)",
-            report: "",
-        },
+    let claim = claim_codes(
         size,
+        "holder = admitted.holder, reserved_at = now()",
+        ", admitted.rn, admitted.actor, admitted.request_id, admitted.client_request_id",
+        "numbered AS ( \
+            SELECT pool_id, counter, row_number() OVER (ORDER BY pool_id, counter) AS rn FROM picked), \
+         admitted AS ( \
+            SELECT n.pool_id, n.counter, r.rn, r.holder, r.actor, r.request_id, r.client_request_id \
+            FROM numbered n \
+            JOIN unnest($3::text[], $4::text[], $5::text[], $7::text[]) WITH ORDINALITY \
+                 AS r(holder, actor, request_id, client_request_id, rn) ON r.rn = n.rn)",
     );
     let columns = Columns {
         actor: "actor",
