@@ -64,7 +64,7 @@ pub mod stage {
 
 /// Worker groups, started or stepped one claim at a time.
 pub mod worker {
-    pub use crate::queue::worker::{Outcome, WorkerGroup, start_all};
+    pub use crate::queue::worker::{CLAIM_LOOPS, Outcome, WorkerGroup, start_all};
 }
 
 /// Per-class depth as backpressure reads it, refreshed by hand.

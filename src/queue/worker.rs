@@ -22,7 +22,7 @@ use crate::queue::store::{self, ClaimClass, Claimed, ClaimedJob};
 use crate::supervise::Supervisor;
 
 /// Claim loops per group (see [`WorkerGroup::start`]).
-const CLAIM_LOOPS: usize = 2;
+pub const CLAIM_LOOPS: usize = 2;
 
 /// What one step did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,7 +160,15 @@ impl WorkerGroup {
         }
         let lease = self.runtime.settings.lease;
         let sql = if classes.iter().any(|c| c.cap_binds) { &self.claim_sql.0 } else { &self.claim_sql.1 };
-        let mut claimed = store::claim(&self.db, sql, limit, lease, &classes, &self.runtime.seal).await?;
+        let started = Instant::now();
+        let claimed = store::claim(&self.db, sql, limit, lease, &classes, &self.runtime.seal).await;
+        // A group's claims run one after another where a tenant cap can bind (the class's claim lock):
+        // their time per second is how close the group's claiming is to its ceiling.
+        let group = self.policy.name.clone();
+        metrics::histogram!("cifpool_queue_claim_duration_seconds", "group" => group.clone())
+            .record(started.elapsed().as_secs_f64());
+        let mut claimed = claimed?;
+        metrics::histogram!("cifpool_queue_claim_size", "group" => group).record(claimed.jobs.len() as f64);
         // A row nobody can read must not hold up the rest of its batch, nor come back after its lease.
         for job in std::mem::take(&mut claimed.unreadable) {
             tracing::warn!(job = job.id, error = %job.error, "claimed job cannot be read: dead-lettered");

@@ -210,6 +210,12 @@ fn describe() {
     );
     describe_histogram!("cifpool_queue_finish_batch_size", "Sent jobs finished together by one statement.");
     describe_histogram!(
+        "cifpool_queue_claim_duration_seconds",
+        Unit::Seconds,
+        "Time one claim statement of a worker group took, by group (with its wait for a capped class's claim lock)."
+    );
+    describe_histogram!("cifpool_queue_claim_size", "Jobs one claim statement took, by worker group.");
+    describe_histogram!(
         "cifpool_reservation_batch_size",
         "Reservations of a pool claimed by one shared statement, by pool."
     );

@@ -19,6 +19,7 @@
 //! never send to a real gateway), with its concurrency limit raised to the worker count (a no-op
 //! provider has no capacity limit to respect).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -97,6 +98,75 @@ pub struct DrainResult {
     pub per_second: Vec<u64>,
     /// Where the CPU went during the drain (cifpool = the worker instance; the intake instance idles).
     pub cpu: Option<CpuSplit>,
+    /// Each worker group's claim statements during the drain.
+    pub claims: Vec<GroupClaims>,
+}
+
+/// One worker group's claim statements over a phase, from the service's own histograms
+/// (`cifpool_queue_claim_duration_seconds`, `cifpool_queue_claim_size`).
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupClaims {
+    /// The worker group.
+    pub group: String,
+    /// Claim statements run (idle polls included).
+    pub statements: u64,
+    /// Their mean time, milliseconds (a wait for a capped class's claim lock included).
+    pub mean_ms: f64,
+    /// Jobs they took, on average.
+    pub jobs_per_statement: f64,
+    /// Share of the phase the group's claim loops spent inside a claim: near 1, the loops claim back
+    /// to back and the drain is as fast as the claims are.
+    pub loops_busy: f64,
+}
+
+/// The `_sum` and `_count` of histogram `name` per `group` label, from this process's recorder.
+fn group_histograms(name: &str) -> BTreeMap<String, (f64, f64)> {
+    let rendered = cifpool::telemetry::metrics_handle().render();
+    let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for line in rendered.lines() {
+        for (suffix, sum) in [("_sum{group=\"", true), ("_count{group=\"", false)] {
+            let Some(rest) = line.strip_prefix(name).and_then(|l| l.strip_prefix(suffix)) else { continue };
+            let Some((group, value)) = rest.split_once("\"} ") else { continue };
+            let Ok(value) = value.trim().parse::<f64>() else { continue };
+            let entry = out.entry(group.to_string()).or_default();
+            if sum { entry.0 = value } else { entry.1 = value }
+        }
+    }
+    out
+}
+
+/// Claim statistics so far: per group, (seconds inside claims, statements, jobs taken).
+fn claim_totals() -> BTreeMap<String, (f64, f64, f64)> {
+    let sizes = group_histograms("cifpool_queue_claim_size");
+    group_histograms("cifpool_queue_claim_duration_seconds")
+        .into_iter()
+        .map(|(group, (seconds, statements))| {
+            let jobs = sizes.get(&group).map_or(0.0, |s| s.0);
+            (group, (seconds, statements, jobs))
+        })
+        .collect()
+}
+
+/// What each group's claims did between two [`claim_totals`] readings `elapsed` apart.
+fn claims_between(
+    before: &BTreeMap<String, (f64, f64, f64)>,
+    after: &BTreeMap<String, (f64, f64, f64)>,
+    elapsed: Duration,
+) -> Vec<GroupClaims> {
+    after
+        .iter()
+        .filter_map(|(group, &(seconds, statements, jobs))| {
+            let (s0, n0, j0) = before.get(group).copied().unwrap_or_default();
+            let n = statements - n0;
+            (n > 0.0).then(|| GroupClaims {
+                group: group.clone(),
+                statements: n as u64,
+                mean_ms: (seconds - s0) / n * 1000.0,
+                jobs_per_statement: (jobs - j0) / n,
+                loops_busy: (seconds - s0) / (elapsed.as_secs_f64() * cifpool::internals::worker::CLAIM_LOOPS as f64),
+            })
+        })
+        .collect()
 }
 
 /// Everything `bench queue` measured.
@@ -278,8 +348,10 @@ async fn drain_phase(
     let bar = super::bar(opts.progress, "drain", n, "jobs");
     let start = db_now(db).await?;
     let cpu_watch = CpuWatch::start();
+    let claims_before = (claim_totals(), Instant::now());
     let workers = super::start_service(connect, settings.clone()).await?;
     let peak = watch(db, "promo", n, &bar, drain_cap(n)).await;
+    let claims = claims_between(&claims_before.0, &claim_totals(), claims_before.1.elapsed());
     let cpu = cpu_watch.finish().await;
     super::stop_service(workers).await;
     bar.finish();
@@ -319,6 +391,7 @@ async fn drain_phase(
         ),
         per_second,
         cpu,
+        claims,
     })
 }
 
@@ -429,6 +502,17 @@ pub fn table(report: &BenchReport<QueueResults>) -> String {
             c.cifpool_cores, c.postgres_cores, c.cores
         )),
     ));
+    for c in &r.drain.claims {
+        out.push_str(&format!(
+            "\nclaims of group {} during the drain: {} statements, {:.1} ms and {:.0} jobs each; its claim loops \
+             were inside a claim {:.0} % of the time",
+            c.group,
+            thousands(c.statements as f64),
+            c.mean_ms,
+            c.jobs_per_statement,
+            c.loops_busy * 100.0
+        ));
+    }
     out.push_str(&format!(
         "\ncifpool / graphile-worker drain: {} ({})",
         r.cifpool_over_peer.map_or("-".into(), |x| format!("{x:.2}")),
