@@ -52,6 +52,36 @@ async fn priority_claims_a_new_otp_before_older_promo_and_fifo_does_not() {
     assert_eq!(priority.try_execute_next().await.unwrap(), Outcome::Sent(otp));
 }
 
+/// `(count, sum)` of histogram `name` for worker group `group` in this process's recorder.
+fn group_series(name: &str, group: &str) -> (f64, f64) {
+    let text = cifpool::telemetry::metrics_handle().render();
+    let read = |suffix: &str| {
+        let prefix = format!("{name}_{suffix}{{group=\"{group}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.trim().parse().unwrap())
+    };
+    (read("count"), read("sum"))
+}
+
+/// Every claim statement a group runs is timed and its jobs counted, by group: what shows a group
+/// claiming back to back. (Other tests of this process may claim under the same group name at the
+/// same time, so the series grow by at least this test's claims.)
+#[tokio::test]
+async fn each_claim_statement_is_timed_and_sized_by_group() {
+    let e = env().await;
+    let promo = e.enqueue("promo", "shop", 3).await;
+    let group = e.group(Strategy::Priority, 0);
+    let name = group.policy.name.clone();
+    let (timed_before, seconds_before) = group_series("cifpool_queue_claim_duration_seconds", &name);
+    let (sized_before, jobs_before) = group_series("cifpool_queue_claim_size", &name);
+    assert_eq!(group.claim(10).await.unwrap().len(), 3);
+    assert!(group.claim(10).await.unwrap().is_empty(), "{promo:?} were all claimed");
+    let (timed, seconds) = group_series("cifpool_queue_claim_duration_seconds", &name);
+    let (sized, jobs) = group_series("cifpool_queue_claim_size", &name);
+    assert!(timed >= timed_before + 2.0 && sized >= sized_before + 2.0, "two statements: {timed}, {sized}");
+    assert!(jobs >= jobs_before + 3.0, "three jobs taken: {jobs_before} -> {jobs}");
+    assert!(seconds > seconds_before, "their time: {seconds_before} -> {seconds}");
+}
+
 /// Shrinks this pod's share of `provider` to one unit (idle syncs halve it); the caller takes that
 /// unit, so the share is full but could grow: the deployment-wide budget is far from used.
 async fn shrink_share(e: &Env, provider: &str) -> Arc<ProviderBudget> {

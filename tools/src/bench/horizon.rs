@@ -27,6 +27,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
+use super::claims::{GroupClaims, claim_totals, claims_between};
 use super::report::{BenchReport, Latency, Machine, ms, table as text_table, thousands};
 use super::soak::{feed, otps, reserve_and_confirm};
 use super::{BenchArgs, db_now};
@@ -108,6 +109,8 @@ pub struct Window {
     pub dead_codes: i64,
     /// The oldest snapshot's age at the window's end, seconds, as the service's horizon probe reads it.
     pub oldest_snapshot_s: f64,
+    /// The claim statements of the worker group that spent the most time claiming in the window.
+    pub claims: Option<GroupClaims>,
 }
 
 /// One phase in a few numbers.
@@ -202,12 +205,15 @@ pub async fn run(
     let bar = super::bar(opts.progress, "horizon", length.as_secs(), "s");
     let window = Duration::from_secs_f64(opts.window_s);
     let mut samples = Vec::new();
+    // The claims' own histograms at each window's edge (the first just as the windows start).
+    let mut claim_readings = vec![claim_totals()];
     let mut next = started + window;
     while !clients.is_empty() || Instant::now() < started + length {
         tokio::select! {
             _ = clients.join_next(), if !clients.is_empty() => {}
             _ = tokio::time::sleep_until(next.into()) => {
                 samples.push(sample(&harness).await?);
+                claim_readings.push(claim_totals());
                 next += window;
             }
         }
@@ -244,6 +250,10 @@ pub async fn run(
             };
             let mine: Vec<u64> = reservations.iter().filter(|r| r.0 >= from && r.0 < to).map(|r| r.1).collect();
             let queue = per_window.get(&(w as i32)).cloned().unwrap_or_default();
+            // The group that spent the most time claiming in the window: the one draining promo.
+            let busiest = claims_between(&claim_readings[w], &claim_readings[w + 1], window)
+                .into_iter()
+                .max_by(|a, b| a.loops_busy.total_cmp(&b.loops_busy));
             Window {
                 start_s: from,
                 phase,
@@ -255,6 +265,7 @@ pub async fn run(
                 dead_jobs: samples[w].dead_jobs,
                 dead_codes: samples[w].dead_codes,
                 oldest_snapshot_s: samples[w].oldest_snapshot_s,
+                claims: busiest,
             }
         })
         .collect();
@@ -445,6 +456,8 @@ pub fn table(report: &BenchReport<HorizonResults>) -> String {
                 thousands(w.dead_jobs as f64),
                 thousands(w.dead_codes as f64),
                 format!("{:.0}", w.oldest_snapshot_s),
+                w.claims.as_ref().map_or("-".into(), |c| format!("{:.1}", c.mean_ms)),
+                w.claims.as_ref().map_or("-".into(), |c| format!("{:.0}", c.loops_busy * 100.0)),
             ]
         })
         .collect();
@@ -464,9 +477,15 @@ pub fn table(report: &BenchReport<HorizonResults>) -> String {
             "dead jobs",
             "dead codes",
             "snapshot age s",
+            "claim ms",
+            "claiming %",
         ],
         &rows,
     ));
+    out.push_str(
+        "\nclaim ms, claiming %: the mean claim statement of the worker group that claimed longest in the \
+         window, and the share of the window its claim loops spent inside one",
+    );
     let ratio = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.2}"));
     let phase = |name: &str, p: &PhaseSummary| {
         vec![

@@ -21,6 +21,7 @@
 //! functions take connect options instead, so tests can point them at a database of their own.
 
 pub mod admin;
+pub mod claims;
 pub mod cpu;
 pub mod enqueue;
 pub mod graphile;

@@ -1,0 +1,74 @@
+//! Worker groups' claim statements as the service's own histograms count them
+//! (`cifpool_queue_claim_duration_seconds`, `cifpool_queue_claim_size`): read from this process's
+//! recorder before and after a phase, they tell how close each group's claiming was to its ceiling.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Per worker group: seconds spent in claim statements, statements run, jobs they took, so far.
+pub(crate) type ClaimTotals = BTreeMap<String, (f64, f64, f64)>;
+
+/// One worker group's claim statements over a phase, from the service's own histograms
+/// (`cifpool_queue_claim_duration_seconds`, `cifpool_queue_claim_size`).
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupClaims {
+    /// The worker group.
+    pub group: String,
+    /// Claim statements run (idle polls included).
+    pub statements: u64,
+    /// Their mean time, milliseconds (a wait for a capped class's claim lock included).
+    pub mean_ms: f64,
+    /// Jobs they took, on average.
+    pub jobs_per_statement: f64,
+    /// Share of the phase the group's claim loops spent inside a claim: near 1, the loops claim back
+    /// to back and the drain is as fast as the claims are.
+    pub loops_busy: f64,
+}
+
+/// The `_sum` and `_count` of histogram `name` per `group` label, from this process's recorder.
+fn group_histograms(name: &str) -> BTreeMap<String, (f64, f64)> {
+    let rendered = cifpool::telemetry::metrics_handle().render();
+    let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for line in rendered.lines() {
+        for (suffix, sum) in [("_sum{group=\"", true), ("_count{group=\"", false)] {
+            let Some(rest) = line.strip_prefix(name).and_then(|l| l.strip_prefix(suffix)) else { continue };
+            let Some((group, value)) = rest.split_once("\"} ") else { continue };
+            let Ok(value) = value.trim().parse::<f64>() else { continue };
+            let entry = out.entry(group.to_string()).or_default();
+            if sum { entry.0 = value } else { entry.1 = value }
+        }
+    }
+    out
+}
+
+/// Claim statistics so far: per group, (seconds inside claims, statements, jobs taken).
+pub(crate) fn claim_totals() -> ClaimTotals {
+    let sizes = group_histograms("cifpool_queue_claim_size");
+    group_histograms("cifpool_queue_claim_duration_seconds")
+        .into_iter()
+        .map(|(group, (seconds, statements))| {
+            let jobs = sizes.get(&group).map_or(0.0, |s| s.0);
+            (group, (seconds, statements, jobs))
+        })
+        .collect()
+}
+
+/// What each group's claims did between two [`claim_totals`] readings `elapsed` apart.
+pub(crate) fn claims_between(before: &ClaimTotals, after: &ClaimTotals, elapsed: Duration) -> Vec<GroupClaims> {
+    after
+        .iter()
+        .filter_map(|(group, &(seconds, statements, jobs))| {
+            let (s0, n0, j0) = before.get(group).copied().unwrap_or_default();
+            let n = statements - n0;
+            (n > 0.0).then(|| GroupClaims {
+                group: group.clone(),
+                statements: n as u64,
+                mean_ms: (seconds - s0) / n * 1000.0,
+                jobs_per_statement: (jobs - j0) / n,
+                loops_busy: (seconds - s0) / (elapsed.as_secs_f64() * cifpool::internals::worker::CLAIM_LOOPS as f64),
+            })
+        })
+        .collect()
+}
