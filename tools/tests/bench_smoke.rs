@@ -115,6 +115,14 @@ async fn queue_and_soak_write_json_with_clean_runs() {
     assert_eq!(r["drain"]["result_rows"], 3_000);
     assert_eq!(r["drain"]["attempts"], 3_000);
     positive(&r["drain"]["jobs_per_s"], "drain rate");
+    // The claims that took the drain's jobs were counted by the group that ran them.
+    let claimed: f64 = r["drain"]["claims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["statements"].as_f64().unwrap() * g["jobs_per_statement"].as_f64().unwrap())
+        .sum();
+    assert!(claimed >= 3_000.0 - 0.5, "{}", r["drain"]["claims"]);
     let otp = &r["otp_during_promo"];
     assert_eq!(otp["promo_sent"], 3_000);
     assert!(otp["otp_enqueued"].as_u64().unwrap() >= 150, "{otp}");
@@ -170,6 +178,8 @@ async fn queue_and_soak_write_json_with_clean_runs() {
         .map(|w| w["oldest_snapshot_s"].as_f64().unwrap())
         .fold(0.0, f64::max);
     assert!(oldest_in_hold >= 2.0, "{r}");
+    // Promo drains throughout, so every window shows the claims of the group draining it.
+    assert!(windows.iter().all(|w| w["claims"]["statements"].as_u64().is_some_and(|n| n > 0)), "{r}");
     positive(&r["before"]["sent_per_s"], "promo sent/s before the hold");
     positive(&r["before"]["reserve_p99_ms"], "reservation p99 before the hold");
 
