@@ -162,8 +162,9 @@ impl WorkerGroup {
         let sql = if classes.iter().any(|c| c.cap_binds) { &self.claim_sql.0 } else { &self.claim_sql.1 };
         let started = Instant::now();
         let claimed = store::claim(&self.db, sql, limit, lease, &classes, &self.runtime.seal).await;
-        // A group's claims run one after another where a tenant cap can bind (the class's claim lock):
-        // their time per second is how close the group's claiming is to its ceiling.
+        // Timed with the opening of its rows. A group's claims run one after another where a tenant cap
+        // can bind (the class's claim lock): their time per second is how close its claiming is to its
+        // ceiling.
         let group = self.policy.name.clone();
         metrics::histogram!("cifpool_queue_claim_duration_seconds", "group" => group.clone())
             .record(started.elapsed().as_secs_f64());

@@ -212,7 +212,8 @@ fn describe() {
     describe_histogram!(
         "cifpool_queue_claim_duration_seconds",
         Unit::Seconds,
-        "Time one claim statement of a worker group took, by group (with its wait for a capped class's claim lock)."
+        "Time one claim of a worker group took, by group: its statement (with any wait for a capped class's claim \
+         lock) and the opening of the rows it returned."
     );
     describe_histogram!("cifpool_queue_claim_size", "Jobs one claim statement took, by worker group.");
     describe_histogram!(

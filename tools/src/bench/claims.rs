@@ -18,7 +18,8 @@ pub struct GroupClaims {
     pub group: String,
     /// Claim statements run (idle polls included).
     pub statements: u64,
-    /// Their mean time, milliseconds (a wait for a capped class's claim lock included).
+    /// Their mean time, milliseconds (a wait for a capped class's claim lock and the opening of the
+    /// returned rows included).
     pub mean_ms: f64,
     /// Jobs they took, on average.
     pub jobs_per_statement: f64,
