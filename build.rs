@@ -1,12 +1,14 @@
 //! Records the git commit the binary is built from, for `cifpool_build_info{git_sha}` and `--version`:
 //! `CIFPOOL_GIT_SHA` if set (an image build without `.git` passes it), else `git rev-parse`, else
-//! `unknown`.
+//! `unknown`. Also rebuilds the crate when a migration is added, removed or edited: `sqlx::migrate!`
+//! embeds the directory at compile time and cannot ask Cargo to watch it on a stable compiler.
 
 use std::path::Path;
 use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-env-changed=CIFPOOL_GIT_SHA");
+    println!("cargo:rerun-if-changed=migrations");
     // Re-run when HEAD moves; only for files that exist (a missing one would re-run every build).
     let head = Path::new(".git/HEAD");
     if head.exists() {

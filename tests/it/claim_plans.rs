@@ -60,3 +60,49 @@ async fn reservations_reuse_one_plan_of_their_claim() {
     assert!(custom <= 5 && generic >= 7, "{custom} shared claims planned afresh, {generic} on the kept plan");
     app.stop().await;
 }
+
+/// Table scans of `notification_jobs` this transaction has made.
+async fn table_scans(tx: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar("SELECT coalesce(seq_scan, 0) FROM pg_stat_xact_user_tables WHERE relname = 'notification_jobs'")
+        .fetch_one(tx)
+        .await
+        .unwrap()
+}
+
+/// The in-flight count runs under a capped class's claim lock with a plan kept for the connection's
+/// life. One made while every row was in flight (where a table scan is cheapest) must not stay a scan
+/// of the whole table once 20,000 waiting jobs have arrived.
+#[tokio::test]
+async fn the_in_flight_count_never_scans_the_whole_table() {
+    let db = fresh_database().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    sqlx::query(
+        "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts, status, \
+                                        attempts, lease_token, lease_expires_at) \
+         SELECT 'promo', 2, 't' || (g % 10), g, 'device', '{}', 5, 'sending', 1, gen_random_uuid(), \
+                now() + interval '30 seconds' \
+         FROM generate_series(1, 50) AS g",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE notification_jobs").execute(&mut *conn).await.unwrap();
+    const COUNT: &str = "SELECT sum(inflight)::int8 FROM notification_jobs_in_flight('{promo}', '{50}', 0)";
+    // Past the plan cache's first five executions, so the connection keeps one plan.
+    for _ in 0..8 {
+        let n: i64 = sqlx::query_scalar(COUNT).fetch_one(&mut *conn).await.unwrap();
+        assert_eq!(n, 50);
+    }
+    sqlx::query(
+        "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts) \
+         SELECT 'promo', 2, 't' || (g % 10), 100 + g, 'device', '{}', 5 FROM generate_series(1, 20000) AS g",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let n: i64 = sqlx::query_scalar(COUNT).fetch_one(&mut *tx).await.unwrap();
+    assert_eq!(n, 50);
+    assert_eq!(table_scans(&mut tx).await, 0, "the in-flight count read the whole table");
+}

@@ -40,6 +40,8 @@ use crate::queue::status::JobStatus;
 /// whose query takes its own snapshot after the locks are granted: the statement's snapshot, taken
 /// before it waited, would miss the jobs the previous holder claimed. Lock, count and claim being one
 /// statement, the locks are released by its commit without a round trip to the client in between.
+/// The function reads the lease index, never the whole table (migration 25): its plan is kept for the
+/// connection's life, and one made while the table was small would otherwise stay a table scan.
 /// The jobs the previous holder claimed are still pending in that old snapshot, and at the head of
 /// the claim order: the pick leaves out the ids the function counted in flight, or it would lock each
 /// of them (holding up its finish until this claim commits) only to find it claimed (migration 14).
