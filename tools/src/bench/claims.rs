@@ -7,8 +7,19 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-/// Per worker group: seconds spent in claim statements, statements run, jobs they took, so far.
-pub(crate) type ClaimTotals = BTreeMap<String, (f64, f64, f64)>;
+/// One worker group's claims so far, as its histograms count them.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct GroupTotals {
+    /// Seconds spent in claim statements.
+    seconds: f64,
+    /// Claim statements run.
+    statements: f64,
+    /// Jobs they took.
+    jobs: f64,
+}
+
+/// [`GroupTotals`] per worker group.
+pub(crate) type ClaimTotals = BTreeMap<String, GroupTotals>;
 
 /// One worker group's claim statements over a phase, from the service's own histograms
 /// (`cifpool_queue_claim_duration_seconds`, `cifpool_queue_claim_size`).
@@ -44,14 +55,14 @@ fn group_histograms(name: &str) -> BTreeMap<String, (f64, f64)> {
     out
 }
 
-/// Claim statistics so far: per group, (seconds inside claims, statements, jobs taken).
+/// Every group's claims so far.
 pub(crate) fn claim_totals() -> ClaimTotals {
     let sizes = group_histograms("cifpool_queue_claim_size");
     group_histograms("cifpool_queue_claim_duration_seconds")
         .into_iter()
         .map(|(group, (seconds, statements))| {
             let jobs = sizes.get(&group).map_or(0.0, |s| s.0);
-            (group, (seconds, statements, jobs))
+            (group, GroupTotals { seconds, statements, jobs })
         })
         .collect()
 }
@@ -60,15 +71,16 @@ pub(crate) fn claim_totals() -> ClaimTotals {
 pub(crate) fn claims_between(before: &ClaimTotals, after: &ClaimTotals, elapsed: Duration) -> Vec<GroupClaims> {
     after
         .iter()
-        .filter_map(|(group, &(seconds, statements, jobs))| {
-            let (s0, n0, j0) = before.get(group).copied().unwrap_or_default();
-            let n = statements - n0;
+        .filter_map(|(group, now)| {
+            let then = before.get(group).copied().unwrap_or_default();
+            let n = now.statements - then.statements;
+            let seconds = now.seconds - then.seconds;
             (n > 0.0).then(|| GroupClaims {
                 group: group.clone(),
                 statements: n as u64,
-                mean_ms: (seconds - s0) / n * 1000.0,
-                jobs_per_statement: (jobs - j0) / n,
-                loops_busy: (seconds - s0) / (elapsed.as_secs_f64() * cifpool::internals::worker::CLAIM_LOOPS as f64),
+                mean_ms: seconds / n * 1000.0,
+                jobs_per_statement: (now.jobs - then.jobs) / n,
+                loops_busy: seconds / (elapsed.as_secs_f64() * cifpool::internals::worker::CLAIM_LOOPS as f64),
             })
         })
         .collect()
