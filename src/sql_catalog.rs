@@ -31,6 +31,7 @@ pub fn catalog() -> Vec<Statement> {
         crate::queue::cancel::statements(),
         crate::queue::dlq::statements(),
         crate::queue::stats::statements(),
+        crate::queue::analyze::statements(),
     ];
     let mut all: Vec<Statement> = statics
         .concat()

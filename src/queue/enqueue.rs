@@ -39,7 +39,7 @@ static RESERVE_FAIR_KEYS: LazyLock<String> = LazyLock::new(|| {
 /// one of them (measured: over a second per intake batch three minutes into a held snapshot). A due
 /// retry whose key lies behind the front no longer anchors it; it is still claimed first.
 #[derive(Debug, Default)]
-pub(crate) struct DueFronts(std::sync::Mutex<std::collections::BTreeMap<i16, f64>>);
+pub struct DueFronts(std::sync::Mutex<std::collections::BTreeMap<i16, f64>>);
 
 impl DueFronts {
     /// Where to start looking for the front of `priority` (0 before the first look: keys start there).
@@ -61,7 +61,7 @@ impl DueFronts {
 /// with stale credit). Jobs not due yet (a retry waiting out a long backoff) do not anchor it: a key
 /// from before their wait would hand a new tenant the turns of everyone queued since. With an empty
 /// queue the front stays where it was last seen ([`DueFronts`]). Returns the first key and the step.
-pub(crate) async fn reserve_fair_keys(
+pub async fn reserve_fair_keys(
     tx: &mut sqlx::PgConnection,
     fronts: &DueFronts,
     priority: i16,

@@ -30,6 +30,8 @@
 //!
 //! Watching it:
 //! - [`stats`]: per-class depth, oldest age and drain rate (gauges, backpressure).
+//! - [`analyze`]: the jobs table analyzed when the planner expects far fewer waiting jobs than the
+//!   stats round counted, so a burst after a quiet spell is claimed in index order.
 //! - [`dlq`]: dead letters: listing, paced replay, retry or discard one.
 //! - [`view`]: the queue at a glance for `GET /admin/queue`.
 //!
@@ -38,6 +40,7 @@
 //! - [`pause`]: pause and resume a class or a provider for every pod.
 //! - [`erase`]: one customer's personal data erased on request.
 
+pub(crate) mod analyze;
 pub(crate) mod batch;
 pub(crate) mod budget;
 pub(crate) mod cancel;

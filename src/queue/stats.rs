@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
+use crate::queue::analyze::{LastAnalyze, Misled, analyze_if_misled};
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
 
@@ -62,6 +63,7 @@ pub(crate) const TENANTS_KEPT: usize = 1_000;
 pub struct QueueStats {
     classes: RwLock<BTreeMap<String, ClassStats>>,
     tenants: RwLock<BTreeMap<String, ClassTenants>>,
+    last_analyze: LastAnalyze,
 }
 
 impl QueueStats {
@@ -122,17 +124,22 @@ impl QueueStats {
 
     /// Publishes every class's numbers (gauges and this snapshot) from `queue_class_stats`, after
     /// computing them there first when they are stale and no other instance is computing them now.
+    /// The instance that counted then analyzes the jobs table if the planner expects far fewer
+    /// waiting jobs than it counted ([`crate::queue::analyze`]).
     pub async fn refresh(&self, db: &PgPool, rt: &QueueRuntime) -> Result<Refreshed, sqlx::Error> {
-        let refreshed = compute(db, rt, false).await?;
+        let (refreshed, waiting) = compute(db, rt, false).await?;
         self.publish(db, rt).await?;
+        analyze_if_misled(db, &self.last_analyze, &waiting).await?;
         Ok(refreshed)
     }
 
     /// [`QueueStats::refresh`] that counts now whatever the stored numbers' age, after waiting for an
-    /// instance that is counting at this moment (tests, and whoever needs numbers as of now).
-    pub async fn refresh_now(&self, db: &PgPool, rt: &QueueRuntime) -> Result<(), sqlx::Error> {
-        compute(db, rt, true).await?;
-        self.publish(db, rt).await
+    /// instance that is counting at this moment (tests, and whoever needs numbers as of now). Returns
+    /// what misled the planner when it analyzed the jobs table.
+    pub async fn refresh_now(&self, db: &PgPool, rt: &QueueRuntime) -> Result<Option<Misled>, sqlx::Error> {
+        let (_, waiting) = compute(db, rt, true).await?;
+        self.publish(db, rt).await?;
+        analyze_if_misled(db, &self.last_analyze, &waiting).await
     }
 
     async fn publish(&self, db: &PgPool, rt: &QueueRuntime) -> Result<(), sqlx::Error> {
@@ -224,7 +231,8 @@ pub const STATS_DUTY: f64 = 40.0;
 /// missing or older than [`STATS_FRESH`], unless another instance holds the stats lock (it is
 /// counting them now). Counting reads every waiting job, which is why only one instance does it.
 /// `force` counts whatever the stored numbers' age, waiting for the lock.
-async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshed, sqlx::Error> {
+/// Returns, when it counted, the waiting jobs of each class that has any.
+async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<(Refreshed, Vec<(String, i64)>), sqlx::Error> {
     let classes: Vec<String> = rt.classes.keys().cloned().collect();
     let mut tx = db.begin().await?;
     if force {
@@ -233,7 +241,7 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
         let locked: bool =
             sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)").bind(STATS_LOCK).fetch_one(&mut *tx).await?;
         if !locked {
-            return Ok(Refreshed::Shared);
+            return Ok((Refreshed::Shared, Vec::new()));
         }
         let fresh: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM queue_class_stats \
@@ -246,7 +254,7 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
         .fetch_one(&mut *tx)
         .await?;
         if fresh as usize >= classes.len() {
-            return Ok(Refreshed::Shared);
+            return Ok((Refreshed::Shared, Vec::new()));
         }
     }
     let counting = std::time::Instant::now();
@@ -347,7 +355,7 @@ async fn compute(db: &PgPool, rt: &QueueRuntime, force: bool) -> Result<Refreshe
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(Refreshed::Computed)
+    Ok((Refreshed::Computed, waiting.into_iter().map(|(class, n, _)| (class, n)).collect()))
 }
 
 /// Jobs waiting per class and tenant (all of them, and those waiting out a retry's backoff), and

@@ -62,6 +62,7 @@ pub(crate) fn register_event_counters(state: &crate::state::AppState) {
     metrics::counter!("cifpool_queue_unreadable_total").absolute(0);
     metrics::counter!("cifpool_queue_rescued_total").absolute(0);
     metrics::counter!("cifpool_queue_batches_refused_total").absolute(0);
+    metrics::counter!("cifpool_queue_jobs_analyzed_total").absolute(0);
 }
 
 /// The `# HELP` line of every metric the service exports, so a reader of `/metrics` need not guess
@@ -216,6 +217,11 @@ fn describe() {
          lock) and the opening of the rows it returned."
     );
     describe_histogram!("cifpool_queue_claim_size", "Jobs one claim statement took, by worker group.");
+    describe_counter!(
+        "cifpool_queue_jobs_analyzed_total",
+        "Times this instance analyzed notification_jobs because the planner expected far fewer waiting jobs than \
+         the stats round counted (a burst after a quiet spell)."
+    );
     describe_histogram!(
         "cifpool_reservation_batch_size",
         "Reservations of a pool claimed by one shared statement, by pool."

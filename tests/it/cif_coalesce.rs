@@ -84,17 +84,21 @@ fn batch_statements(pool: &str) -> (f64, f64) {
 #[tokio::test]
 async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_codes() {
     let db = fresh_database().await;
-    let app = spawn_passive_app(test_settings_with_pools(&db.url)).await;
-    let pool = app.state.cif.pools().get("business").unwrap();
+    // A pool of its own: the batch-size series are the process's, and other tests reserve from
+    // "coalescing" at the same time.
+    let mut settings = test_settings_with_pools(&db.url);
+    settings.pools[1] = common::test_pool("coalescing", "2");
+    let app = spawn_passive_app(settings).await;
+    let pool = app.state.cif.pools().get("coalescing").unwrap();
     refill(&db.pool, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
-    let (statements_before, reservations_before) = batch_statements("business");
+    let (statements_before, reservations_before) = batch_statements("coalescing");
     // The first finds no statement running and claims alone; the other 63 join the queue before a
     // flusher runs (this test's runtime has one thread), so they take one statement (two, if a flusher
     // wakes between sends).
     let reservations = (0..64).map(|i| {
         let actor = actor(i);
         let app = &app;
-        async move { app.state.cif.reserve("business", Some("pod"), None, &actor).await }
+        async move { app.state.cif.reserve("coalescing", Some("pod"), None, &actor).await }
     });
     let results = futures_util::future::join_all(reservations).await;
     let codes: HashSet<String> = results
@@ -105,12 +109,12 @@ async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_code
         })
         .collect();
     assert_eq!(codes.len(), 64);
-    let (statements, reservations) = batch_statements("business");
+    let (statements, reservations) = batch_statements("coalescing");
     assert_eq!(reservations - reservations_before, 64.0);
     let shared = statements - statements_before;
     assert!((1.0..=3.0).contains(&shared), "{shared} statements for 64 reservations");
     let audited: i64 = sqlx::query_scalar(
-        "SELECT count(DISTINCT request_id) FROM audit_events WHERE action = 'cif.reserved' AND pool = 'business'",
+        "SELECT count(DISTINCT request_id) FROM audit_events WHERE action = 'cif.reserved' AND pool = 'coalescing'",
     )
     .fetch_one(&db.pool)
     .await

@@ -1,0 +1,156 @@
+//! Keeping the planner's picture of the jobs table close to what the queue holds.
+//!
+//! Every claim, and intake's look for the due front, walks a claim index in order and stops after a
+//! batch, but Postgres only plans them that way while its statistics say jobs are waiting. When
+//! autovacuum's ANALYZE last ran during a quiet spell (every job finished), the statistics say none
+//! wait; a burst that arrives then is claimed with a plan made for an empty queue: each claim reads
+//! every waiting job through the FIFO index and sorts them all to take its batch (58 ms a claim at
+//! 100,000 waiting jobs, growing with the backlog, against 1.9 ms in index order), and intake adds
+//! up every waiting job of a priority to find its front. Autovacuum corrects this only when it next
+//! looks at the table, up to a minute later (`autovacuum_naptime`), a setting of the whole cluster.
+//!
+//! So the stats round, which counts the waiting jobs of every class anyway, also asks the planner
+//! how many it expects, and analyzes the table when it expects far fewer than there are. Only the
+//! instance that counted asks, at most once per [`ANALYZE_GAP`]; the ANALYZE waits no longer than
+//! [`ANALYZE_LOCK_WAIT`] for its lock, well under the second after which Postgres would cancel an
+//! autovacuum of the table that stands in its way.
+
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+
+use crate::queue::status::JobStatus;
+
+/// Below this many waiting jobs a class is cheap to claim whatever the plan: no ANALYZE for it.
+pub const WORTH_ANALYZING: i64 = 10_000;
+
+/// The planner is misled when it expects fewer than the counted waiting jobs divided by this.
+pub const MISLED_BY: f64 = 10.0;
+
+/// Least time between two ANALYZEs by one instance: one costs a few hundred milliseconds of a core on
+/// a table of millions of jobs, and if even a fresh one leaves the planner's estimate low (it assumes
+/// class and status independent) the queue pays that at most this often.
+pub const ANALYZE_GAP: Duration = Duration::from_secs(30);
+
+/// Longest the ANALYZE waits for its lock on the table (an autovacuum of it holds that lock).
+pub const ANALYZE_LOCK_WAIT: Duration = Duration::from_millis(100);
+
+/// What the planner expected of a class when the table was analyzed for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Misled {
+    /// The class whose waiting jobs it underestimated most.
+    pub class: String,
+    /// Waiting jobs the stats round counted.
+    pub counted: i64,
+    /// Waiting jobs the planner expected.
+    pub expected: f64,
+}
+
+/// When this instance last analyzed the table.
+#[derive(Debug, Default)]
+pub(crate) struct LastAnalyze(Mutex<Option<Instant>>);
+
+impl LastAnalyze {
+    /// Whether an ANALYZE may run at `now`; if so, records it as run.
+    fn claim_turn(&self, now: Instant) -> bool {
+        let mut last = self.0.lock().expect("last analyze lock");
+        match *last {
+            Some(at) if now.duration_since(at) < ANALYZE_GAP => false,
+            _ => {
+                *last = Some(now);
+                true
+            }
+        }
+    }
+}
+
+/// The waiting jobs of the classes `$1`, filtered as a claim of those classes filters them.
+static WAITING_OF_CLASSES: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT 1 FROM notification_jobs WHERE status IN ({waiting}) AND class = ANY($1)",
+        waiting = JobStatus::sql_list(&JobStatus::CLAIMABLE)
+    )
+});
+
+/// The planner's plan of [`WAITING_OF_CLASSES`], with its row estimate.
+static EXPECTED_WAITING: LazyLock<String> =
+    LazyLock::new(|| format!("EXPLAIN (FORMAT JSON) {}", WAITING_OF_CLASSES.as_str()));
+
+/// The planner's row estimate for the waiting jobs of `class`.
+pub async fn expected_waiting(db: &PgPool, class: &str) -> Result<f64, sqlx::Error> {
+    let plan: serde_json::Value =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(EXPECTED_WAITING.as_str())).bind(vec![class]).fetch_one(db).await?;
+    Ok(plan[0]["Plan"]["Plan Rows"].as_f64().unwrap_or(0.0))
+}
+
+/// The class, among `counted` (waiting jobs per class), whose waiting jobs the planner underestimates
+/// past [`MISLED_BY`], counting only classes with at least [`WORTH_ANALYZING`] of them.
+pub async fn misled(db: &PgPool, counted: &[(String, i64)]) -> Result<Option<Misled>, sqlx::Error> {
+    let mut worst: Option<Misled> = None;
+    for (class, n) in counted.iter().filter(|(_, n)| *n >= WORTH_ANALYZING) {
+        let expected = expected_waiting(db, class).await?;
+        let ratio = *n as f64 / expected.max(1.0);
+        if ratio > MISLED_BY && worst.as_ref().is_none_or(|w| ratio > w.counted as f64 / w.expected.max(1.0)) {
+            worst = Some(Misled { class: class.clone(), counted: *n, expected });
+        }
+    }
+    Ok(worst)
+}
+
+/// Analyzes `notification_jobs` when the planner underestimates some class's waiting jobs (see
+/// [`misled`]) and this instance has not done so within [`ANALYZE_GAP`]. Returns what misled it when
+/// the table was analyzed. An ANALYZE that could not get its lock in time is skipped until the next
+/// round.
+pub(crate) async fn analyze_if_misled(
+    db: &PgPool,
+    last: &LastAnalyze,
+    counted: &[(String, i64)],
+) -> Result<Option<Misled>, sqlx::Error> {
+    let Some(found) = misled(db, counted).await? else {
+        return Ok(None);
+    };
+    if !last.claim_turn(Instant::now()) {
+        return Ok(None);
+    }
+    let started = Instant::now();
+    let mut tx = db.begin().await?;
+    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+        .bind(format!("{}ms", ANALYZE_LOCK_WAIT.as_millis()))
+        .execute(&mut *tx)
+        .await?;
+    match sqlx::query("ANALYZE notification_jobs").execute(&mut *tx).await {
+        Ok(_) => tx.commit().await?,
+        // 55P03 lock_not_available: an autovacuum holds the table; it analyzes too, or the next round will.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
+            tracing::debug!(class = %found.class, "queue stats: the jobs table is busy, ANALYZE left to the next round");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    }
+    metrics::counter!("cifpool_queue_jobs_analyzed_total").increment(1);
+    tracing::info!(
+        class = %found.class,
+        counted = found.counted,
+        expected = found.expected,
+        took_ms = started.elapsed().as_millis() as u64,
+        "queue stats: the planner expected far fewer waiting jobs than there are; analyzed notification_jobs"
+    );
+    Ok(Some(found))
+}
+
+crate::statements::statements_of!(WAITING_OF_CLASSES);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_analyze_per_gap() {
+        let last = LastAnalyze::default();
+        let t0 = Instant::now();
+        assert!(last.claim_turn(t0));
+        assert!(!last.claim_turn(t0 + ANALYZE_GAP - Duration::from_millis(1)));
+        assert!(last.claim_turn(t0 + ANALYZE_GAP));
+    }
+}
