@@ -359,3 +359,49 @@ async fn a_code_released_below_the_scan_cursor_is_still_handed_out() {
     assert_eq!(again["cif"], first["cif"], "the released code, found below the cursor");
     assert_eq!(reserve(&app, "individual").await.status(), 503, "and then the pool is empty");
 }
+
+/// A refill batch holds its pool's row from its counter advance until it commits, across the `COPY` of
+/// its codes. A confirmation inserts into `cif_issued`, whose foreign key takes that row `FOR KEY
+/// SHARE`: the batch's lock must leave that free, or every confirmation of the pool waits out the batch.
+#[tokio::test]
+async fn a_confirmation_does_not_wait_for_a_refill_batch_under_way() {
+    let db = fresh_database().await;
+    let mut settings = test_settings_with_pools(&db.url);
+    // A batch whose COPY lasts long enough to confirm during it.
+    settings.pools[0].batch_size = 300_000;
+    settings.pools[0].max_batches_per_run = 1;
+    let app = common::spawn_passive_app(settings).await;
+    crate::cif_api::fill(&app, "individual").await;
+    let held = reserve_ok(&app, "individual").await;
+    let (cif, token) = (held["cif"].as_str().unwrap(), held["reservation_token"].as_str().unwrap());
+
+    let state = app.state.clone();
+    let batch = tokio::spawn(async move {
+        let individual = state.cif.pools().get("individual").unwrap();
+        refill(&state.db, individual, RefillOptions { force: true, ..Default::default() }).await.unwrap()
+    });
+    // The batch's COPY is running: it holds the pool's row until its transaction commits.
+    const BATCH_TRANSACTION: &str = "SELECT pid, xact_start FROM pg_stat_activity \
+                                     WHERE query LIKE 'COPY cif_codes%' AND state = 'active'";
+    type Transaction = (i32, chrono::DateTime<chrono::Utc>);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let copying: Transaction = loop {
+        let found: Option<Transaction> = sqlx::query_as(BATCH_TRANSACTION).fetch_optional(&app.state.db).await.unwrap();
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(!batch.is_finished() && Instant::now() < deadline, "the batch's COPY was never seen running");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(post_token(&app, cif, "confirm", token).await.status(), 200);
+    let still: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT xact_start FROM pg_stat_activity WHERE pid = $1")
+            .bind(copying.0)
+            .fetch_optional(&app.state.db)
+            .await
+            .unwrap()
+            .flatten();
+    assert_eq!(still, Some(copying.1), "the confirmation waited for the batch's transaction to end");
+    assert_eq!(batch.await.unwrap().codes_added, 300_000);
+    app.stop().await;
+}
