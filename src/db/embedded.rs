@@ -122,26 +122,17 @@ pub struct EmbeddedOptions {
 }
 
 impl EmbeddedOptions {
-    /// Durable defaults for a cluster that holds real data, with autovacuum looking at its tables
-    /// every 10 s ([`QUEUE_AUTOVACUUM_NAPTIME`]).
+    /// Durable defaults for a cluster that holds real data.
     pub fn durable(data_dir: impl Into<PathBuf>) -> Self {
         EmbeddedOptions {
             data_dir: data_dir.into(),
             durable: true,
             max_connections: 100,
             remove_on_exit: None,
-            settings: vec![("autovacuum_naptime".into(), QUEUE_AUTOVACUUM_NAPTIME.into())],
+            settings: Vec::new(),
         }
     }
 }
-
-/// How often autovacuum looks at each database (Postgres' default is a minute). The queue's and the
-/// pools' tables ask to be vacuumed and analyzed after a few thousand changed rows, but autovacuum only
-/// sees that when it looks. Under a steady 2,000 jobs a second the busiest worker group's claims went
-/// from 10 to 50-76 ms within 50 s while some 240,000 dead jobs piled up, and stayed at 9-12 ms with
-/// 10 s (`bench horizon`, docs/BENCHMARKS.md). Production databases want the same
-/// (docs/OPERATIONS.md, "Database").
-pub const QUEUE_AUTOVACUUM_NAPTIME: &str = "10s";
 
 /// A running private cluster; stop it with [`EmbeddedPostgres::stop`] (dropping it stops it too).
 #[derive(Debug)]
