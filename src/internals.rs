@@ -69,7 +69,7 @@ pub mod worker {
 
 /// Per-class depth as backpressure reads it, refreshed by hand.
 pub mod stats {
-    pub use crate::queue::analyze::{MISLED_BY, Misled, WORTH_ANALYZING, expected_waiting};
+    pub use crate::queue::analyze::{MISLED_BY, Misled, WORTH_ANALYZING, expected_waiting, misled};
     pub use crate::queue::stats::{ClassStats, QueueStats, Refreshed, STATS_LOCK};
 }
 

@@ -11,9 +11,14 @@
 //!
 //! So the stats round, which counts the waiting jobs of every class anyway, also asks the planner
 //! how many it expects, and analyzes the table when it expects far fewer than there are. Only the
-//! instance that counted asks, at most once per [`ANALYZE_GAP`]; the ANALYZE waits no longer than
-//! [`ANALYZE_LOCK_WAIT`] for its lock, well under the second after which Postgres would cancel an
-//! autovacuum of the table that stands in its way.
+//! instance that counted asks, and only when its turn has come (at most one ANALYZE per
+//! [`ANALYZE_GAP`]), so a planner that stays misled costs no planning in between. The ANALYZE waits
+//! no longer than [`ANALYZE_LOCK_WAIT`] for its lock: Postgres cancels an autovacuum that stands in a
+//! waiter's way once the wait passes `deadlock_timeout` (a second by default), and this gives up
+//! first as long as `deadlock_timeout` is above that wait.
+//!
+//! None of this is needed for the stats to be right, so a failure here is logged and the round
+//! still counts as done.
 
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
@@ -36,6 +41,9 @@ pub const ANALYZE_GAP: Duration = Duration::from_secs(30);
 /// Longest the ANALYZE waits for its lock on the table (an autovacuum of it holds that lock).
 pub const ANALYZE_LOCK_WAIT: Duration = Duration::from_millis(100);
 
+/// Longest the ANALYZE may run once it has its lock.
+pub const ANALYZE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// What the planner expected of a class when the table was analyzed for it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Misled {
@@ -52,16 +60,14 @@ pub struct Misled {
 pub(crate) struct LastAnalyze(Mutex<Option<Instant>>);
 
 impl LastAnalyze {
-    /// Whether an ANALYZE may run at `now`; if so, records it as run.
-    fn claim_turn(&self, now: Instant) -> bool {
-        let mut last = self.0.lock().expect("last analyze lock");
-        match *last {
-            Some(at) if now.duration_since(at) < ANALYZE_GAP => false,
-            _ => {
-                *last = Some(now);
-                true
-            }
-        }
+    /// Whether an ANALYZE may run at `now`: none has run within [`ANALYZE_GAP`] before it.
+    fn turn_has_come(&self, now: Instant) -> bool {
+        self.0.lock().expect("last analyze lock").is_none_or(|at| now.duration_since(at) >= ANALYZE_GAP)
+    }
+
+    /// Records an ANALYZE as run at `now`.
+    fn ran(&self, now: Instant) {
+        *self.0.lock().expect("last analyze lock") = Some(now);
     }
 }
 
@@ -87,22 +93,38 @@ pub async fn expected_waiting(db: &PgPool, class: &str) -> Result<f64, sqlx::Err
 /// The class, among `counted` (waiting jobs per class), whose waiting jobs the planner underestimates
 /// past [`MISLED_BY`], counting only classes with at least [`WORTH_ANALYZING`] of them.
 pub async fn misled(db: &PgPool, counted: &[(String, i64)]) -> Result<Option<Misled>, sqlx::Error> {
-    let mut worst: Option<Misled> = None;
+    let mut worst: Option<(f64, Misled)> = None;
     for (class, n) in counted.iter().filter(|(_, n)| *n >= WORTH_ANALYZING) {
         let expected = expected_waiting(db, class).await?;
         let ratio = *n as f64 / expected.max(1.0);
-        if ratio > MISLED_BY && worst.as_ref().is_none_or(|w| ratio > w.counted as f64 / w.expected.max(1.0)) {
-            worst = Some(Misled { class: class.clone(), counted: *n, expected });
+        if ratio > MISLED_BY && worst.as_ref().is_none_or(|(worst_ratio, _)| ratio > *worst_ratio) {
+            worst = Some((ratio, Misled { class: class.clone(), counted: *n, expected }));
         }
     }
-    Ok(worst)
+    Ok(worst.map(|(_, found)| found))
 }
 
-/// Analyzes `notification_jobs` when the planner underestimates some class's waiting jobs (see
-/// [`misled`]) and this instance has not done so within [`ANALYZE_GAP`]. Returns what misled it when
-/// the table was analyzed. An ANALYZE that could not get its lock in time is skipped until the next
-/// round.
-pub(crate) async fn analyze_if_misled(
+/// Analyzes `notification_jobs` when this instance's turn has come (no ANALYZE by it within
+/// [`ANALYZE_GAP`]) and the planner underestimates some class's waiting jobs (see [`misled`]).
+/// Returns what misled it when the table was analyzed. An ANALYZE that could not get its lock in
+/// time does not use up the turn: the next round tries again. A database error is logged, never
+/// returned: the stats themselves were already published.
+pub(crate) async fn analyze_if_misled(db: &PgPool, last: &LastAnalyze, counted: &[(String, i64)]) -> Option<Misled> {
+    if !last.turn_has_come(Instant::now()) || counted.iter().all(|(_, n)| *n < WORTH_ANALYZING) {
+        return None;
+    }
+    match try_analyze(db, last, counted).await {
+        Ok(found) => found,
+        Err(e) => {
+            // Wait a whole turn before trying again, not warn every round.
+            last.ran(Instant::now());
+            tracing::warn!(error = %e, "queue stats: could not check or refresh the planner's statistics of notification_jobs");
+            None
+        }
+    }
+}
+
+async fn try_analyze(
     db: &PgPool,
     last: &LastAnalyze,
     counted: &[(String, i64)],
@@ -110,17 +132,20 @@ pub(crate) async fn analyze_if_misled(
     let Some(found) = misled(db, counted).await? else {
         return Ok(None);
     };
-    if !last.claim_turn(Instant::now()) {
-        return Ok(None);
-    }
     let started = Instant::now();
     let mut tx = db.begin().await?;
-    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+    // The pool's statement timeout is sized for claims; ANALYZE samples a fixed number of rows but
+    // reads them from wherever they lie in the table, so give it room (it blocks no reader or writer).
+    sqlx::query("SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)")
         .bind(format!("{}ms", ANALYZE_LOCK_WAIT.as_millis()))
+        .bind(format!("{}ms", ANALYZE_TIMEOUT.as_millis()))
         .execute(&mut *tx)
         .await?;
     match sqlx::query("ANALYZE notification_jobs").execute(&mut *tx).await {
-        Ok(_) => tx.commit().await?,
+        Ok(_) => {
+            last.ran(started);
+            tx.commit().await?;
+        }
         // 55P03 lock_not_available: an autovacuum holds the table; it analyzes too, or the next round will.
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
             tracing::debug!(class = %found.class, "queue stats: the jobs table is busy, ANALYZE left to the next round");
@@ -149,8 +174,10 @@ mod tests {
     fn one_analyze_per_gap() {
         let last = LastAnalyze::default();
         let t0 = Instant::now();
-        assert!(last.claim_turn(t0));
-        assert!(!last.claim_turn(t0 + ANALYZE_GAP - Duration::from_millis(1)));
-        assert!(last.claim_turn(t0 + ANALYZE_GAP));
+        assert!(last.turn_has_come(t0));
+        assert!(last.turn_has_come(t0), "looking does not use up the turn");
+        last.ran(t0);
+        assert!(!last.turn_has_come(t0 + ANALYZE_GAP - Duration::from_millis(1)));
+        assert!(last.turn_has_come(t0 + ANALYZE_GAP));
     }
 }

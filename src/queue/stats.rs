@@ -129,7 +129,7 @@ impl QueueStats {
     pub async fn refresh(&self, db: &PgPool, rt: &QueueRuntime) -> Result<Refreshed, sqlx::Error> {
         let (refreshed, waiting) = compute(db, rt, false).await?;
         self.publish(db, rt).await?;
-        analyze_if_misled(db, &self.last_analyze, &waiting).await?;
+        analyze_if_misled(db, &self.last_analyze, &waiting).await;
         Ok(refreshed)
     }
 
@@ -139,7 +139,7 @@ impl QueueStats {
     pub async fn refresh_now(&self, db: &PgPool, rt: &QueueRuntime) -> Result<Option<Misled>, sqlx::Error> {
         let (_, waiting) = compute(db, rt, true).await?;
         self.publish(db, rt).await?;
-        analyze_if_misled(db, &self.last_analyze, &waiting).await
+        Ok(analyze_if_misled(db, &self.last_analyze, &waiting).await)
     }
 
     async fn publish(&self, db: &PgPool, rt: &QueueRuntime) -> Result<(), sqlx::Error> {
