@@ -131,7 +131,10 @@ async fn the_rate_limit_holds_across_instances() {
     let calls = sms.fake.arrivals().iter().filter(|t| **t >= start && **t < end).count();
     eprintln!("{calls} calls in 10 s at max_rate_per_second = 30 over 3 instances");
     assert!(calls <= 30 * 10 + 30, "{calls} calls: over the rate plus one burst");
-    assert!(calls >= 200, "{calls} calls: the limit should still let most of the rate through");
+    // At least half the rate. Alone this test sees ~300 calls; in a full `cargo test` on two cores the
+    // pods' syncs and sends are starved at times and it has seen 173. A pod cut off from the bucket, or
+    // a budget split that left two pods idle, gives about 100.
+    assert!(calls >= 150, "{calls} calls: the limit should still let at least half the rate through");
 }
 
 /// A `Retry-After` closes the provider on the pod that was told at once, and on every other pod at
