@@ -124,17 +124,23 @@ async fn the_rate_limit_holds_across_instances() {
         apps.push(spawn_app_with(s).await);
     }
     enqueue(&apps[0], "transactional", "bank", 2000).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // An app serves HTTP before its worker groups and budget sync have started; in a full `cargo
+    // test` on two cores that took up to 10 s. Measure once all three pods hold a share and send.
+    let waited = std::time::Instant::now();
+    while count(&db.pool, "SELECT count(*) FROM provider_shares WHERE provider = 'sms'").await < 3
+        || count(&db.pool, "SELECT count(*) FROM notification_jobs WHERE status = 'sent'").await == 0
+    {
+        assert!(waited.elapsed() < Duration::from_secs(60), "the three pods never all took a share and sent");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let start = sms.fake.elapsed();
     tokio::time::sleep(Duration::from_secs(10)).await;
     let end = sms.fake.elapsed();
     let calls = sms.fake.arrivals().iter().filter(|t| **t >= start && **t < end).count();
     eprintln!("{calls} calls in 10 s at max_rate_per_second = 30 over 3 instances");
     assert!(calls <= 30 * 10 + 30, "{calls} calls: over the rate plus one burst");
-    // At least half the rate. Alone this test sees ~300 calls; in a full `cargo test` on two cores the
-    // pods' syncs and sends are starved at times and it has seen 173. A pod cut off from the bucket, or
-    // a budget split that left two pods idle, gives about 100.
-    assert!(calls >= 150, "{calls} calls: the limit should still let at least half the rate through");
+    assert!(calls >= 200, "{calls} calls: the limit should still let most of the rate through");
 }
 
 /// A `Retry-After` closes the provider on the pod that was told at once, and on every other pod at
