@@ -304,7 +304,7 @@ pub async fn open_bench_database(database: &Database) -> anyhow::Result<PgConnec
 }
 
 /// A pool definition for benchmarks: the default `individual` format (9 digits + Damm) under its own
-/// prefix and key id, schedules that never fire (Feb 30th), a watermark of 1 so the service's own
+/// prefix and key id, schedules that do not fire during a bench, a watermark of 1 so the service's own
 /// post-claim refill stays out of the measurement.
 pub fn bench_pool(
     name: &str,
@@ -323,8 +323,10 @@ pub fn bench_pool(
         batch_size,
         max_batches_per_run,
         lease_ttl: Duration::from_secs(3600),
-        refill_schedule: "0 0 0 30 2 *".into(),
-        reclaim_schedule: "0 0 0 30 2 *".into(),
+        // Midnight on February 29th: not during a bench. (February 30th never comes, and the scheduler
+        // spends 0.6 s of CPU per schedule searching for it up to the year 5000.)
+        refill_schedule: "0 0 0 29 2 *".into(),
+        reclaim_schedule: "0 0 0 29 2 *".into(),
         fence_margin: None,
     }
 }
