@@ -363,45 +363,68 @@ async fn a_code_released_below_the_scan_cursor_is_still_handed_out() {
 /// A refill batch holds its pool's row from its counter advance until it commits, across the `COPY` of
 /// its codes. A confirmation inserts into `cif_issued`, whose foreign key takes that row `FOR KEY
 /// SHARE`: the batch's lock must leave that free, or every confirmation of the pool waits out the batch.
+///
+/// The batch is held in its `COPY` on purpose, not caught there by timing: another transaction has
+/// inserted, and not committed, a row under one of the batch's counters, so the `COPY` waits on that
+/// transaction with the pool's row locked until the test lets it go.
 #[tokio::test]
 async fn a_confirmation_does_not_wait_for_a_refill_batch_under_way() {
     let db = fresh_database().await;
     let mut settings = test_settings_with_pools(&db.url);
-    // A batch whose COPY lasts long enough to confirm during it.
-    settings.pools[0].batch_size = 300_000;
+    settings.pools[0].batch_size = 1_000;
+    // Above the watermark after the first reservation, so no refill but the test's own starts.
+    settings.pools[0].low_watermark = 10;
     settings.pools[0].max_batches_per_run = 1;
     let app = common::spawn_passive_app(settings).await;
     crate::cif_api::fill(&app, "individual").await;
     let held = reserve_ok(&app, "individual").await;
     let (cif, token) = (held["cif"].as_str().unwrap(), held["reservation_token"].as_str().unwrap());
 
+    // The row in the batch's way: the 500th counter it will take.
+    let mut blocker = app.state.db.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO cif_codes (pool_id, counter, code) \
+         SELECT id, next_counter + 500, 'in the batch''s way' FROM cif_pools WHERE name = 'individual'",
+    )
+    .execute(&mut *blocker)
+    .await
+    .unwrap();
+
     let state = app.state.clone();
     let batch = tokio::spawn(async move {
         let individual = state.cif.pools().get("individual").unwrap();
-        refill(&state.db, individual, RefillOptions { force: true, ..Default::default() }).await.unwrap()
+        refill(&state.db, individual, RefillOptions { force: true, ..Default::default() }).await
     });
-    // The batch's COPY is running: it holds the pool's row until its transaction commits.
-    const BATCH_TRANSACTION: &str = "SELECT pid, xact_start FROM pg_stat_activity \
-                                     WHERE query LIKE 'COPY cif_codes%' AND state = 'active'";
-    type Transaction = (i32, chrono::DateTime<chrono::Utc>);
+    const BATCH_WAITING: &str = "SELECT count(*) FROM pg_stat_activity \
+                                 WHERE datname = current_database() AND query LIKE 'COPY cif_codes%' \
+                                 AND wait_event_type = 'Lock'";
     let deadline = Instant::now() + Duration::from_secs(60);
-    let copying: Transaction = loop {
-        let found: Option<Transaction> = sqlx::query_as(BATCH_TRANSACTION).fetch_optional(&app.state.db).await.unwrap();
-        if let Some(found) = found {
-            break found;
+    while count(&app.state.db, BATCH_WAITING).await == 0 {
+        if batch.is_finished() {
+            let ended = batch.await.unwrap();
+            panic!("the batch ended without waiting on the row in its way: {ended:?}");
         }
-        assert!(!batch.is_finished() && Instant::now() < deadline, "the batch's COPY was never seen running");
+        assert!(Instant::now() < deadline, "the batch's COPY never waited on the row in its way");
         tokio::time::sleep(Duration::from_millis(5)).await;
-    };
-    assert_eq!(post_token(&app, cif, "confirm", token).await.status(), 200);
-    let still: Option<chrono::DateTime<chrono::Utc>> =
-        sqlx::query_scalar("SELECT xact_start FROM pg_stat_activity WHERE pid = $1")
-            .bind(copying.0)
-            .fetch_optional(&app.state.db)
-            .await
-            .unwrap()
-            .flatten();
-    assert_eq!(still, Some(copying.1), "the confirmation waited for the batch's transaction to end");
-    assert_eq!(batch.await.unwrap().codes_added, 300_000);
+    }
+
+    // The batch now holds the pool's row, and will until the blocker ends.
+    let confirmed = tokio::time::timeout(Duration::from_secs(10), post_token(&app, cif, "confirm", token))
+        .await
+        .expect("the confirmation waited for the refill batch's transaction");
+    assert_eq!(
+        confirmed.status(),
+        200,
+        "the confirmation failed: it waited on the batch's lock until its statement timeout"
+    );
+    assert_eq!(
+        count(&app.state.db, BATCH_WAITING).await,
+        1,
+        "the batch had ended (its statement timed out) when the confirmation returned: the confirmation waited for it"
+    );
+
+    blocker.rollback().await.unwrap();
+    let summary = batch.await.unwrap().unwrap();
+    assert_eq!(summary.codes_added, 1_000, "{summary:?}");
     app.stop().await;
 }
