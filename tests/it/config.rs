@@ -83,6 +83,15 @@ fn rule_violations_name_the_key() {
 }
 
 #[test]
+fn a_schedule_that_never_fires_is_refused() {
+    let f = toml_file("[queue]\nsweep_schedule = \"0 0 0 30 2 *\"\n");
+    let msg = error_text(Settings::load_with_env(Some(f.path()), Vec::new()));
+    assert!(msg.contains("queue.sweep_schedule") && msg.contains("never fires"), "{msg}");
+    let f = toml_file("[queue]\nsweep_schedule = \"0 0 0 29 2 *\"\n");
+    Settings::load_with_env(Some(f.path()), Vec::new()).expect("February 29th comes every four years");
+}
+
+#[test]
 fn missing_config_file_is_an_error() {
     let msg = error_text(Settings::load_with_env(Some(std::path::Path::new("/nonexistent/cifpool.toml")), Vec::new()));
     assert!(msg.contains("/nonexistent/cifpool.toml"), "{msg}");

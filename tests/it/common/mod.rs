@@ -113,8 +113,8 @@ pub fn test_master_key() -> cifpool::keys::MasterKey {
 pub const TEST_MASTER_KEY_HEX: &str = "5ec2e7000000000000000000000000000000000000000000000000000000c1f0";
 
 /// A cron schedule that does not fire during a test: midnight on February 29th. Not February 30th,
-/// which never comes: the scheduler looks for its next time up to the year 5000, 0.6 s of CPU per
-/// schedule in a debug build, and every app of the suite with background work added four of them.
+/// which never comes: configuration refuses it, and looking for its next time up to the year 5000
+/// took 0.6 s per schedule in a debug build, four per app of the suite with background work.
 pub const NEVER_DURING_A_TEST: &str = "0 0 0 29 2 *";
 
 /// A pool definition for tests: small batches, schedules that never fire during a test.

@@ -323,8 +323,8 @@ pub fn bench_pool(
         batch_size,
         max_batches_per_run,
         lease_ttl: Duration::from_secs(3600),
-        // Midnight on February 29th: not during a bench. (February 30th never comes, and the scheduler
-        // spends 0.6 s of CPU per schedule searching for it up to the year 5000.)
+        // Midnight on February 29th: not during a bench. (February 30th never comes: configuration
+        // refuses a schedule that never fires.)
         refill_schedule: "0 0 0 29 2 *".into(),
         reclaim_schedule: "0 0 0 29 2 *".into(),
         fence_margin: None,
