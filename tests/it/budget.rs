@@ -125,7 +125,8 @@ async fn the_rate_limit_holds_across_instances() {
     }
     enqueue(&apps[0], "transactional", "bank", 2000).await;
     // An app serves HTTP before its worker groups and budget sync have started; in a full `cargo
-    // test` on two cores that took up to 10 s. Measure once all three pods hold a share and send.
+    // test` on two cores that once took up to 10 s (mostly the scheduler's search for a February
+    // 30th, since gone). Measure once all three pods hold a share and send.
     let waited = std::time::Instant::now();
     while count(&db.pool, "SELECT count(*) FROM provider_shares WHERE provider = 'sms'").await < 3
         || count(&db.pool, "SELECT count(*) FROM notification_jobs WHERE status = 'sent'").await == 0
