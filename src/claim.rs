@@ -28,8 +28,9 @@
 //! Tokens are random UUIDs (`gen_random_uuid()`), not a sequence: the CIF API hands them to clients as
 //! reservation capabilities, and a guessable one would let a pod release another pod's hold.
 //!
-//! Parameter numbering: a claim statement binds `$1` = limit and `$2` = lease seconds (a claim with
-//! its limit written in, [`ClaimTable::claim_at_most_sql`], binds `$1` = lease seconds); a fenced
+//! Parameter numbering: a claim with its limit written in, [`ClaimTable::claim_at_most_sql`], binds
+//! `$1` = lease seconds; one that picks more than it wants, [`ClaimTable::claim_picking_at_most_sql`],
+//! `$1` = rows wanted and `$2` = lease seconds. (No claim binds its limit: see the first.) A fenced
 //! statement binds `$1` = token; a sweep binds `$1` = batch limit. Caller predicates and assignments
 //! use the numbers after those.
 
@@ -108,12 +109,6 @@ impl ClaimTable {
         self.key.iter().map(|k| format!("{alias}.{k}")).collect::<Vec<_>>().join(", ")
     }
 
-    /// The one-statement claim. Binds: `$1` limit (`int8`), `$2` lease seconds (`float8`), then the
-    /// caller's.
-    pub fn claim_sql(&self, spec: &ClaimSpec<'_>) -> String {
-        self.claim_with(spec, "$1", "$2")
-    }
-
     /// The claim of at most `most` rows, with the limit written into the statement. Binds: `$1` lease
     /// seconds (`float8`), then the caller's from `$2`.
     ///
@@ -125,6 +120,18 @@ impl ClaimTable {
     /// the fresh one and the server plans it once per connection.
     pub fn claim_at_most_sql(&self, spec: &ClaimSpec<'_>, most: usize) -> String {
         self.claim_with(spec, &most.to_string(), "$1")
+    }
+
+    /// The claim that picks (and locks) at most `most` rows, with that limit written in, and takes as
+    /// many as the caller's gate admits: for callers that want a varying number of rows and keep one
+    /// statement per size, so that each is planned once per connection (see
+    /// [`ClaimTable::claim_at_most_sql`]). Binds: `$1` the rows wanted (`int8`), which `spec.gate`
+    /// must read and admit no more than (the statement does not cap at it otherwise), `$2` lease
+    /// seconds (`float8`), then the caller's. Picked rows the gate leaves out stay locked until the
+    /// statement ends and are then left as they were.
+    pub fn claim_picking_at_most_sql(&self, spec: &ClaimSpec<'_>, most: usize) -> String {
+        assert!(!spec.gate.trim().is_empty(), "a claim that picks more than it wants needs a gate that admits $1");
+        self.claim_with(spec, &most.to_string(), "$2")
     }
 
     fn claim_with(&self, spec: &ClaimSpec<'_>, limit: &str, lease_seconds: &str) -> String {
@@ -323,17 +330,21 @@ mod tests {
 
     #[test]
     fn claim_statement_has_the_contract_clauses() {
-        let sql = T.claim_sql(&ClaimSpec {
-            free: "'pending'",
-            held: "'sending'",
-            filter: "priority BETWEEN $3 AND $4",
-            order_by: "priority, id",
-            set: "attempts = t.attempts + 1",
-            returning: "t.id, t.token",
-            carry: "",
-            gate: "",
-            report: "",
-        });
+        let sql = T.claim_with(
+            &ClaimSpec {
+                free: "'pending'",
+                held: "'sending'",
+                filter: "priority BETWEEN $3 AND $4",
+                order_by: "priority, id",
+                set: "attempts = t.attempts + 1",
+                returning: "t.id, t.token",
+                carry: "",
+                gate: "",
+                report: "",
+            },
+            "$1",
+            "$2",
+        );
         for clause in
             ["FOR UPDATE SKIP LOCKED", "LIMIT $1", "gen_random_uuid()", "ORDER BY priority, id", "(t.id) = (picked.id)"]
         {
@@ -359,8 +370,45 @@ mod tests {
         assert!(eight.contains("lease_expires_at = now() + $1::float8 * interval '1 second'"), "{eight}");
         assert!(!eight.contains("$1 ") && !eight.contains("$2::float8"), "{eight}");
         // Apart from the limit and the lease's parameter, the same statement as the claim with a bound limit.
-        let bound = T.claim_sql(&spec).replace("LIMIT $1", "LIMIT 8").replace("$2::float8", "$1::float8");
+        let bound = T.claim_with(&spec, "$1", "$2").replace("LIMIT $1", "LIMIT 8").replace("$2::float8", "$1::float8");
         assert_eq!(eight, bound);
+    }
+
+    #[test]
+    fn a_claim_picking_at_most_n_writes_its_limit_and_keeps_the_wanted_count_and_lease_bound() {
+        let spec = ClaimSpec {
+            free: "'pending'",
+            held: "'sending'",
+            filter: "priority = $3",
+            order_by: "id",
+            set: "",
+            returning: "t.id",
+            carry: "",
+            gate: "admitted AS (SELECT id FROM picked ORDER BY id LIMIT $1)",
+            report: "",
+        };
+        let sixteen = T.claim_picking_at_most_sql(&spec, 16);
+        assert!(sixteen.contains("ORDER BY id LIMIT 16 FOR UPDATE SKIP LOCKED"), "{sixteen}");
+        assert!(sixteen.contains("FROM admitted WHERE (t.id) = (admitted.id)"), "{sixteen}");
+        // Apart from the limit, the same statement as the claim with a bound limit.
+        assert_eq!(sixteen, T.claim_with(&spec, "$1", "$2").replace("LIMIT $1 FOR UPDATE", "LIMIT 16 FOR UPDATE"));
+    }
+
+    #[test]
+    #[should_panic(expected = "needs a gate")]
+    fn a_claim_picking_more_than_it_wants_refuses_to_be_built_without_a_gate() {
+        let spec = ClaimSpec {
+            free: "'pending'",
+            held: "'sending'",
+            filter: "TRUE",
+            order_by: "id",
+            set: "",
+            returning: "t.id",
+            carry: "",
+            gate: "",
+            report: "",
+        };
+        T.claim_picking_at_most_sql(&spec, 4);
     }
 
     #[test]

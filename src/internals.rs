@@ -37,7 +37,7 @@ pub mod fence {
 pub mod queue_store {
     pub use crate::queue::store::{
         ClaimClass, Claimed, ClaimedJob, Purge, claim, claim_sql, erase_due, expire_overdue, mark_sent, mark_sent_many,
-        purge_finished, rescue_expired_leases,
+        pick_size, pick_sizes, purge_finished, rescue_expired_leases,
     };
 }
 

@@ -49,7 +49,9 @@ pub fn catalog() -> Vec<Statement> {
         queue.strategy = strategy;
         for policy in queue.group_policies() {
             for capped in [true, false] {
-                let text = crate::queue::store::claim_sql(&policy, capped);
+                // The statement of the largest pick, the one a busy group runs; the smaller ones
+                // differ only in the number after LIMIT.
+                let text = crate::queue::store::claim_sql(&policy, capped, queue.claim_batch);
                 let group = format!("{strategy:?} {}", policy.name);
                 match claims.iter_mut().find(|(t, _, _)| *t == text) {
                     Some((_, _, groups)) => groups.push(group),

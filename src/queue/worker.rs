@@ -76,8 +76,10 @@ pub fn start_all(runtime: &Arc<QueueRuntime>, db: &PgPool, grace: Duration, task
 pub struct WorkerGroup {
     /// Which classes it takes, in which order, with how many workers.
     pub policy: GroupPolicy,
-    /// The claim statement when a tenant cap can bind, and when none can.
-    claim_sql: (String, String),
+    /// The claim's pick sizes ([`store::pick_sizes`] of the claim batch).
+    claim_sizes: Vec<usize>,
+    /// For each of those sizes, the claim statement when a tenant cap can bind and when none can.
+    claim_sql: Vec<(String, String)>,
     db: PgPool,
     runtime: Arc<QueueRuntime>,
     workers: Arc<Semaphore>,
@@ -89,10 +91,23 @@ pub struct WorkerGroup {
 impl WorkerGroup {
     /// A group running `policy` on `db` (starts its finish flusher: call within a tokio runtime).
     pub fn new(policy: GroupPolicy, db: PgPool, runtime: Arc<QueueRuntime>) -> Arc<WorkerGroup> {
-        let claim_sql = (store::claim_sql(&policy, true), store::claim_sql(&policy, false));
+        let claim_sizes = store::pick_sizes(runtime.settings.claim_batch);
+        let claim_sql = claim_sizes
+            .iter()
+            .map(|&size| (store::claim_sql(&policy, true, size), store::claim_sql(&policy, false, size)))
+            .collect();
         let workers = Arc::new(Semaphore::new(policy.size));
         let finisher = Finisher::start(db.clone());
-        Arc::new(WorkerGroup { policy, claim_sql, db, runtime, workers, finisher, in_flight: Default::default() })
+        Arc::new(WorkerGroup {
+            policy,
+            claim_sizes,
+            claim_sql,
+            db,
+            runtime,
+            workers,
+            finisher,
+            in_flight: Default::default(),
+        })
     }
 
     /// The classes a claim of this group may take now, each with its provider's room, and the
@@ -159,7 +174,10 @@ impl WorkerGroup {
             return Ok(Claimed { stopped_at: Some(first), ..Claimed::default() });
         }
         let lease = self.runtime.settings.lease;
-        let sql = if classes.iter().any(|c| c.cap_binds) { &self.claim_sql.0 } else { &self.claim_sql.1 };
+        let size = store::pick_size(&self.claim_sizes, limit);
+        let at = self.claim_sizes.iter().position(|&s| s == size).expect("pick_size returns one of the sizes");
+        let (capped, uncapped) = &self.claim_sql[at];
+        let sql = if classes.iter().any(|c| c.cap_binds) { capped } else { uncapped };
         let started = Instant::now();
         let claimed = store::claim(&self.db, sql, limit, lease, &classes, &self.runtime.seal).await;
         // Timed with the opening of its rows. A group's claims run one after another where a tenant cap

@@ -71,7 +71,8 @@ async fn both_orders(db: &PgPool, order: ClaimOrder, capped: bool, jobs: &[(i16,
     let mut keys = insert_jobs(db, jobs).await;
     let classes: Vec<ClaimClass> = (0..4).map(|p| class(p, "p", i32::MAX, capped)).collect();
     let policy = policy(order, &classes);
-    let sql = store::claim_sql(&policy, capped);
+    // One job a claim, from a statement that picks four: the one it takes is still the first in order.
+    let sql = store::claim_sql(&policy, capped, 4);
     let mut claimed = Vec::new();
     loop {
         let got = store::claim(db, &sql, 1, Duration::from_secs(60), &classes, &test_seal()).await.unwrap();
@@ -103,23 +104,32 @@ fn sql_claim_order_and_in_memory_order_agree() {
 }
 
 /// Inserts the jobs (class `c<priority>`), classes 0 and 1 sending through provider `a` with room
-/// for `free.0`, 2 and 3 through `b` with room for `free.1`, and claims up to 64 at once. Returns what
-/// was claimed (in claim order) and where the claim stopped, and what the order says it should be:
-/// the longest head of the order in which neither provider gets more jobs than its room.
+/// for `free.0`, 2 and 3 through `b` with room for `free.1`, and claims up to `wanted` at once with a
+/// statement that picks up to 8. Returns what was claimed (in claim order) and where the claim
+/// stopped, and what the order says it should be: the longest head of the order, at most `wanted`
+/// long, in which neither provider gets more jobs than its room; a stop is reported only within it.
 async fn room_gate(
     db: &PgPool,
     order: ClaimOrder,
     capped: bool,
     jobs: &[(i16, f64)],
     free: (i32, i32),
+    wanted: usize,
 ) -> ((Vec<i64>, Option<String>), (Vec<i64>, Option<String>)) {
     let mut keys = insert_jobs(db, jobs).await;
     let classes: Vec<ClaimClass> =
         (0..4).map(|p| if p < 2 { class(p, "a", free.0, capped) } else { class(p, "b", free.1, capped) }).collect();
     let policy = policy(order, &classes);
-    let got = store::claim(db, &store::claim_sql(&policy, capped), 64, Duration::from_secs(60), &classes, &test_seal())
-        .await
-        .unwrap();
+    let got = store::claim(
+        db,
+        &store::claim_sql(&policy, capped, 8),
+        wanted,
+        Duration::from_secs(60),
+        &classes,
+        &test_seal(),
+    )
+    .await
+    .unwrap();
     keys.sort_by(|a, b| policy.compare(a, b));
     // An UPDATE returns its rows in no set order: put them in claim order to compare.
     let rank: std::collections::HashMap<i64, usize> = keys.iter().enumerate().map(|(i, k)| (k.id, i)).collect();
@@ -127,6 +137,9 @@ async fn room_gate(
     ids.sort_by_key(|id| rank[id]);
     let (mut used, mut want, mut stopped) = ((0, 0), Vec::new(), None);
     for k in &keys {
+        if want.len() == wanted {
+            break;
+        }
         let (n, room) = if k.priority < 2 { (&mut used.0, free.0) } else { (&mut used.1, free.1) };
         *n += 1;
         if *n > room {
@@ -147,13 +160,13 @@ fn a_claim_stops_at_the_first_job_its_provider_has_no_room_for() {
     let mut runner = TestRunner::new(Config { cases: 32, failure_persistence: None, ..Config::default() });
     for (order, capped) in [(ClaimOrder::Priority, true), (ClaimOrder::Priority, false), (ClaimOrder::Fifo, false)] {
         runner
-            .run(&(jobs(), 0i32..4, 0i32..4), |(jobs, a, b)| {
-                let (sql, memory) = runtime.block_on(room_gate(&db, order, capped, &jobs, (a, b)));
+            .run(&(jobs(), 0i32..4, 0i32..4, 1usize..=8), |(jobs, a, b, wanted)| {
+                let (sql, memory) = runtime.block_on(room_gate(&db, order, capped, &jobs, (a, b), wanted));
                 if sql == memory {
                     Ok(())
                 } else {
                     Err(TestCaseError::fail(format!(
-                        "{order:?}, room {a}/{b}: claimed {sql:?}, the order says {memory:?}"
+                        "{order:?}, room {a}/{b}, {wanted} wanted: claimed {sql:?}, the order says {memory:?}"
                     )))
                 }
             })

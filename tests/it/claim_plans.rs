@@ -61,6 +61,64 @@ async fn reservations_reuse_one_plan_of_their_claim() {
     app.stop().await;
 }
 
+/// A worker group's claim keeps one plan as well: its pick size is written into the statement (a
+/// claim of 5 to 8 jobs runs the one that picks 8, of [`pick_sizes`]), so after the first five
+/// executions on a connection Postgres reuses one plan. With the limit a parameter, as it was, every
+/// claim of a drain was planned afresh (~1.3 ms of server CPU each).
+#[tokio::test]
+async fn queue_claims_reuse_one_plan_per_pick_size() {
+    use cifpool::internals::queue_store::{ClaimClass, claim, claim_sql, pick_size, pick_sizes};
+    use cifpool::internals::seal::Seal;
+    use cifpool::queue::policy::{ClaimOrder, GroupPolicy};
+    let db = fresh_database().await;
+    sqlx::query(
+        "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts) \
+         SELECT 'promo', 2, 't' || (g % 20), g, 'device', '{}', 5 FROM generate_series(1, 20000) AS g",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE notification_jobs").execute(&db.pool).await.unwrap();
+    // One connection: every claim runs on the session whose prepared statements are read below.
+    let one = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.url).await.unwrap();
+    let seal = Seal::new(&common::test_master_key(), "test", true);
+    for capped in [true, false] {
+        let class = ClaimClass {
+            name: "promo".into(),
+            priority: 2,
+            tenant_cap: 1_000,
+            cap_binds: capped,
+            provider: "push".into(),
+            free: i32::MAX,
+        };
+        let policy = GroupPolicy {
+            name: "shared".into(),
+            size: 256,
+            classes: vec![class.name.clone()],
+            order: ClaimOrder::Priority,
+        };
+        let sql = claim_sql(&policy, capped, pick_size(&pick_sizes(256), 5));
+        assert!(sql.contains("LIMIT 8 FOR UPDATE SKIP LOCKED"), "{sql}");
+        for n in (5..=8).cycle().take(12) {
+            let got = claim(&one, &sql, n, std::time::Duration::from_secs(60), std::slice::from_ref(&class), &seal)
+                .await
+                .unwrap();
+            assert_eq!(got.jobs.len(), n, "capped: {capped}");
+        }
+        let (generic, custom): (i64, i64) =
+            sqlx::query_as("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1")
+                .bind(&sql)
+                .fetch_one(&one)
+                .await
+                .unwrap();
+        assert_eq!(generic + custom, 12, "capped: {capped}");
+        assert!(
+            custom <= 5 && generic >= 7,
+            "capped: {capped}: {custom} claims planned afresh, {generic} on the kept plan"
+        );
+    }
+}
+
 /// Table scans of `notification_jobs` this transaction has made.
 async fn table_scans(tx: &mut sqlx::PgConnection) -> i64 {
     sqlx::query_scalar("SELECT coalesce(seq_scan, 0) FROM pg_stat_xact_user_tables WHERE relname = 'notification_jobs'")
@@ -149,7 +207,7 @@ async fn rows_one_claim_reads(db: &sqlx::PgPool, capped: bool) -> i64 {
         GroupPolicy { name: "shared".into(), size: 1, classes: vec![class.name.clone()], order: ClaimOrder::Priority };
     let mut tx = db.begin().await.unwrap();
     let before = rows_read(&mut tx).await;
-    let claimed: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(claim_sql(&policy, capped)))
+    let claimed: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(claim_sql(&policy, capped, 64)))
         .bind(64_i64)
         .bind(30.0)
         .bind(vec![class.name.as_str()])
