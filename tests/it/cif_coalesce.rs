@@ -92,9 +92,12 @@ async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_code
     let pool = app.state.cif.pools().get("coalescing").unwrap();
     refill(&db.pool, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
     let (statements_before, reservations_before) = batch_statements("coalescing");
-    // The first finds no statement running and claims alone; the other 63 join the queue before a
-    // flusher runs (this test's runtime has one thread), so they take one statement (two, if a flusher
-    // wakes between sends).
+    // The first finds no statement running and claims alone; the others join the queue, and a flusher
+    // takes whatever has queued when this test's one runtime thread lets it run. `join_all` hands the
+    // thread back after every 32 futures it polls (sooner when one wakes itself while polled), so the
+    // 63 usually make two statements; a request first polled after the statements before it ended
+    // claims alone in turn. CI saw four statements in all. What matters is that they share: at most
+    // eight for 64.
     let reservations = (0..64).map(|i| {
         let actor = actor(i);
         let app = &app;
@@ -112,7 +115,7 @@ async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_code
     let (statements, reservations) = batch_statements("coalescing");
     assert_eq!(reservations - reservations_before, 64.0);
     let shared = statements - statements_before;
-    assert!((1.0..=3.0).contains(&shared), "{shared} statements for 64 reservations");
+    assert!((1.0..=8.0).contains(&shared), "{shared} statements for 64 reservations");
     let audited: i64 = sqlx::query_scalar(
         "SELECT count(DISTINCT request_id) FROM audit_events WHERE action = 'cif.reserved' AND pool = 'coalescing'",
     )
