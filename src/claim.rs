@@ -352,19 +352,24 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_claim_of_at_most_n_writes_its_limit_and_binds_the_lease_first() {
-        let spec = ClaimSpec {
+    /// A claim of pending jobs in id order returning their ids, with `filter` and `gate`.
+    fn by_id<'a>(filter: &'a str, gate: &'a str) -> ClaimSpec<'a> {
+        ClaimSpec {
             free: "'pending'",
             held: "'sending'",
-            filter: "priority = $2",
+            filter,
             order_by: "id",
             set: "",
             returning: "t.id",
             carry: "",
-            gate: "",
+            gate,
             report: "",
-        };
+        }
+    }
+
+    #[test]
+    fn a_claim_of_at_most_n_writes_its_limit_and_binds_the_lease_first() {
+        let spec = by_id("priority = $2", "");
         let eight = T.claim_at_most_sql(&spec, 8);
         assert!(eight.contains("ORDER BY id LIMIT 8 FOR UPDATE SKIP LOCKED"), "{eight}");
         assert!(eight.contains("lease_expires_at = now() + $1::float8 * interval '1 second'"), "{eight}");
@@ -376,17 +381,7 @@ mod tests {
 
     #[test]
     fn a_claim_picking_at_most_n_writes_its_limit_and_keeps_the_wanted_count_and_lease_bound() {
-        let spec = ClaimSpec {
-            free: "'pending'",
-            held: "'sending'",
-            filter: "priority = $3",
-            order_by: "id",
-            set: "",
-            returning: "t.id",
-            carry: "",
-            gate: "admitted AS (SELECT id FROM picked ORDER BY id LIMIT $1)",
-            report: "",
-        };
+        let spec = by_id("priority = $3", "admitted AS (SELECT id FROM picked ORDER BY id LIMIT $1)");
         let sixteen = T.claim_picking_at_most_sql(&spec, 16);
         assert!(sixteen.contains("ORDER BY id LIMIT 16 FOR UPDATE SKIP LOCKED"), "{sixteen}");
         assert!(sixteen.contains("FROM admitted WHERE (t.id) = (admitted.id)"), "{sixteen}");
@@ -397,18 +392,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "needs a gate")]
     fn a_claim_picking_more_than_it_wants_refuses_to_be_built_without_a_gate() {
-        let spec = ClaimSpec {
-            free: "'pending'",
-            held: "'sending'",
-            filter: "TRUE",
-            order_by: "id",
-            set: "",
-            returning: "t.id",
-            carry: "",
-            gate: "",
-            report: "",
-        };
-        T.claim_picking_at_most_sql(&spec, 4);
+        T.claim_picking_at_most_sql(&by_id("TRUE", ""), 4);
     }
 
     #[test]
