@@ -34,6 +34,40 @@
 //! statement binds `$1` = token; a sweep binds `$1` = batch limit. Caller predicates and assignments
 //! use the numbers after those.
 
+/// The limits a caller that claims a varying number of rows keeps one statement for: the powers of
+/// two below its largest claim, then that claim itself. A claim of `n` runs the smallest at least `n`,
+/// so it locks fewer than twice the rows it can take, and each statement keeps its plan for the
+/// connection's life (why a limit is written in rather than bound: [`ClaimTable::claim_at_most_sql`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PickSizes(Vec<usize>);
+
+impl PickSizes {
+    /// The sizes for claims of at most `most` rows (`most` 0 counts as 1).
+    pub fn up_to(most: usize) -> PickSizes {
+        let most = most.max(1);
+        let mut sizes: Vec<usize> =
+            std::iter::successors(Some(1_usize), |s| s.checked_mul(2)).take_while(|&s| s < most).collect();
+        sizes.push(most);
+        PickSizes(sizes)
+    }
+
+    /// Every size, smallest first.
+    pub fn sizes(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// The largest size: the most rows one claim picks.
+    pub fn largest(&self) -> usize {
+        self.0[self.0.len() - 1]
+    }
+
+    /// Where in [`PickSizes::sizes`] the claim of `n` rows is: the smallest size at least `n` (the
+    /// largest when `n` is above them all, which a caller bounded by [`PickSizes::largest`] never asks).
+    pub fn index_for(&self, n: usize) -> usize {
+        self.0.iter().position(|&size| size >= n).unwrap_or(self.0.len() - 1)
+    }
+}
+
 /// Describes a claimable table.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ClaimTable {
@@ -327,6 +361,23 @@ mod tests {
 
     const T: ClaimTable =
         ClaimTable { table: "jobs", key: &["id"], state: "status", token: "token", lease: "lease_expires_at" };
+
+    #[test]
+    fn pick_sizes_double_up_to_the_largest_and_a_claim_locks_under_twice_what_it_wants() {
+        assert_eq!(PickSizes::up_to(256).sizes(), [1, 2, 4, 8, 16, 32, 64, 128, 256]);
+        assert_eq!(PickSizes::up_to(100).sizes(), [1, 2, 4, 8, 16, 32, 64, 100]);
+        assert_eq!(PickSizes::up_to(1).sizes(), [1]);
+        assert_eq!(PickSizes::up_to(0).sizes(), [1]);
+        let sizes = PickSizes::up_to(100);
+        assert_eq!(sizes.largest(), 100);
+        for n in 1..=100 {
+            let size = sizes.sizes()[sizes.index_for(n)];
+            assert!(size >= n && size < 2 * n || size == 1, "{n} -> {size}");
+        }
+        assert_eq!(sizes.sizes()[sizes.index_for(65)], 100);
+        assert_eq!(sizes.index_for(500), sizes.sizes().len() - 1);
+        assert_eq!(sizes.index_for(0), 0);
+    }
 
     #[test]
     fn claim_statement_has_the_contract_clauses() {

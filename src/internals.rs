@@ -35,9 +35,10 @@ pub mod fence {
 
 /// The jobs table's hot path and sweeps, one statement at a time.
 pub mod queue_store {
+    pub use crate::claim::PickSizes;
     pub use crate::queue::store::{
         ClaimClass, Claimed, ClaimedJob, Purge, claim, claim_sql, erase_due, expire_overdue, mark_sent, mark_sent_many,
-        pick_size, pick_sizes, purge_finished, rescue_expired_leases,
+        purge_finished, rescue_expired_leases,
     };
 }
 

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::audit::{Actor, Columns, action, audited, insert_from};
 use crate::cif::Pool;
-use crate::claim::{ClaimSpec, ClaimTable};
+use crate::claim::{ClaimSpec, ClaimTable, PickSizes};
 
 pub(crate) mod hold;
 
@@ -78,19 +78,18 @@ static RESERVE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Sizes of the shared claim: a statement for `n` waiting reservations is the one of the smallest
-/// size that covers them. Each size has its limit written in, so the server keeps one plan per size
-/// and connection instead of planning every shared claim again (a limit bound as a parameter makes
-/// it do that, see [`ClaimTable::claim_at_most_sql`]); a statement locks at most twice the rows it
-/// claims, and leaves the extra ones as they were when it ends.
-const SHARED_CLAIM_SIZES: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+/// Most reservations one shared claim serves.
+pub(crate) const MOST_PER_SHARED_CLAIM: usize = 64;
 
-/// Most reservations one shared claim serves: its largest size.
-pub(crate) const MOST_PER_SHARED_CLAIM: usize = SHARED_CLAIM_SIZES[SHARED_CLAIM_SIZES.len() - 1];
+/// Sizes of the shared claim: a statement for `n` waiting reservations is the one of the smallest
+/// size that covers them, with its limit written in, so the server keeps one plan per size and
+/// connection; a statement locks at most twice the rows it claims, and leaves the extra ones as they
+/// were when it ends.
+static SHARED_CLAIM_SIZES: LazyLock<PickSizes> = LazyLock::new(|| PickSizes::up_to(MOST_PER_SHARED_CLAIM));
 
 /// [`reserve_many_text`] for each of [`SHARED_CLAIM_SIZES`].
 static RESERVE_MANY_BY_SIZE: LazyLock<Vec<String>> =
-    LazyLock::new(|| SHARED_CLAIM_SIZES.iter().map(|&size| reserve_many_text(size)).collect());
+    LazyLock::new(|| SHARED_CLAIM_SIZES.sizes().iter().map(|&size| reserve_many_text(size)).collect());
 
 /// The shared claim of the largest size, as the catalog shows it (the smaller sizes differ only in
 /// their `LIMIT`).
@@ -99,8 +98,7 @@ static RESERVE_MANY: LazyLock<String> = LazyLock::new(|| reserve_many_sql(MOST_P
 /// The shared claim for `n` waiting reservations (at most [`MOST_PER_SHARED_CLAIM`]).
 fn reserve_many_sql(n: usize) -> &'static str {
     debug_assert!(n <= MOST_PER_SHARED_CLAIM, "{n} requests for one shared claim");
-    let size = SHARED_CLAIM_SIZES.iter().position(|&size| size >= n).unwrap_or(SHARED_CLAIM_SIZES.len() - 1);
-    &RESERVE_MANY_BY_SIZE[size]
+    &RESERVE_MANY_BY_SIZE[SHARED_CLAIM_SIZES.index_for(n)]
 }
 
 /// Claim up to `size` codes of pool `$2` (lease `$1` seconds) at once, from counter `$8` on, one per

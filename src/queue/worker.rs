@@ -11,7 +11,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::claim::Fenced;
+use crate::claim::{Fenced, PickSizes};
 use crate::queue::budget::Room;
 use crate::queue::finish::Finisher;
 use crate::queue::policy::GroupPolicy;
@@ -76,8 +76,8 @@ pub fn start_all(runtime: &Arc<QueueRuntime>, db: &PgPool, grace: Duration, task
 pub struct WorkerGroup {
     /// Which classes it takes, in which order, with how many workers.
     pub policy: GroupPolicy,
-    /// The claim's pick sizes ([`store::pick_sizes`] of the claim batch).
-    claim_sizes: Vec<usize>,
+    /// The claim's pick sizes, up to the claim batch; `claim_sql` has a pair for each.
+    claim_sizes: PickSizes,
     /// For each of those sizes, the claim statement when a tenant cap can bind and when none can.
     claim_sql: Vec<(String, String)>,
     db: PgPool,
@@ -91,8 +91,9 @@ pub struct WorkerGroup {
 impl WorkerGroup {
     /// A group running `policy` on `db` (starts its finish flusher: call within a tokio runtime).
     pub fn new(policy: GroupPolicy, db: PgPool, runtime: Arc<QueueRuntime>) -> Arc<WorkerGroup> {
-        let claim_sizes = store::pick_sizes(runtime.settings.claim_batch);
+        let claim_sizes = PickSizes::up_to(runtime.settings.claim_batch);
         let claim_sql = claim_sizes
+            .sizes()
             .iter()
             .map(|&size| (store::claim_sql(&policy, true, size), store::claim_sql(&policy, false, size)))
             .collect();
@@ -174,9 +175,7 @@ impl WorkerGroup {
             return Ok(Claimed { stopped_at: Some(first), ..Claimed::default() });
         }
         let lease = self.runtime.settings.lease;
-        let size = store::pick_size(&self.claim_sizes, limit);
-        let at = self.claim_sizes.iter().position(|&s| s == size).expect("pick_size returns one of the sizes");
-        let (capped, uncapped) = &self.claim_sql[at];
+        let (capped, uncapped) = &self.claim_sql[self.claim_sizes.index_for(limit)];
         let sql = if classes.iter().any(|c| c.cap_binds) { capped } else { uncapped };
         let started = Instant::now();
         let claimed = store::claim(&self.db, sql, limit, lease, &classes, &self.runtime.seal).await;

@@ -92,17 +92,24 @@ async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_code
     let pool = app.state.cif.pools().get("coalescing").unwrap();
     refill(&db.pool, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
     let (statements_before, reservations_before) = batch_statements("coalescing");
-    // The first finds no statement running and claims alone; the others join the queue, and a flusher
-    // takes whatever has queued when this test's one runtime thread lets it run. `join_all` hands the
-    // thread back after every 32 futures it polls (sooner when one wakes itself while polled), so the
-    // 63 usually make two statements; a request first polled after the statements before it ended
-    // claims alone in turn. CI saw four statements in all. What matters is that they share: at most
-    // eight for 64.
-    let reservations = (0..64).map(|i| {
-        let actor = actor(i);
-        let app = &app;
-        async move { app.state.cif.reserve("coalescing", Some("pod"), None, &actor).await }
-    });
+    // Each request is polled once before the runtime runs anything else: the first finds no statement
+    // running and claims alone, the other 63 join the queue before any flusher wakes, and the flusher
+    // that wakes first takes them all at once. So 64 reservations make exactly two statements. The
+    // codes' table is locked meanwhile, so that the first claim cannot finish within its first poll
+    // (on a fast local socket its whole round trip can) and leave the second to claim alone as well.
+    let mut lock = db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE cif_codes IN SHARE MODE").execute(&mut *lock).await.unwrap();
+    let mut reservations: Vec<_> = (0..64)
+        .map(|i| {
+            let actor = actor(i);
+            let app = &app;
+            Box::pin(async move { app.state.cif.reserve("coalescing", Some("pod"), None, &actor).await })
+        })
+        .collect();
+    for reservation in &mut reservations {
+        assert!(futures_util::poll!(reservation.as_mut()).is_pending(), "a claim finished while its table was locked");
+    }
+    lock.rollback().await.unwrap();
     let results = futures_util::future::join_all(reservations).await;
     let codes: HashSet<String> = results
         .into_iter()
@@ -115,7 +122,7 @@ async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_code
     let (statements, reservations) = batch_statements("coalescing");
     assert_eq!(reservations - reservations_before, 64.0);
     let shared = statements - statements_before;
-    assert!((1.0..=8.0).contains(&shared), "{shared} statements for 64 reservations");
+    assert_eq!(shared, 2.0, "statements for 64 reservations: one alone, one for the 63 queued behind it");
     let audited: i64 = sqlx::query_scalar(
         "SELECT count(DISTINCT request_id) FROM audit_events WHERE action = 'cif.reserved' AND pool = 'coalescing'",
     )

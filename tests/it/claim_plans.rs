@@ -62,12 +62,12 @@ async fn reservations_reuse_one_plan_of_their_claim() {
 }
 
 /// A worker group's claim keeps one plan as well: its pick size is written into the statement (a
-/// claim of 5 to 8 jobs runs the one that picks 8, of [`pick_sizes`]), so after the first five
+/// claim of 5 to 8 jobs runs the one that picks 8, of its [`PickSizes`]), so after the first five
 /// executions on a connection Postgres reuses one plan. With the limit a parameter, as it was, every
 /// claim of a drain was planned afresh (~1.3 ms of server CPU each).
 #[tokio::test]
 async fn queue_claims_reuse_one_plan_per_pick_size() {
-    use cifpool::internals::queue_store::{ClaimClass, claim, claim_sql, pick_size, pick_sizes};
+    use cifpool::internals::queue_store::{ClaimClass, PickSizes, claim, claim_sql};
     use cifpool::internals::seal::Seal;
     use cifpool::queue::policy::{ClaimOrder, GroupPolicy};
     let db = fresh_database().await;
@@ -97,7 +97,8 @@ async fn queue_claims_reuse_one_plan_per_pick_size() {
             classes: vec![class.name.clone()],
             order: ClaimOrder::Priority,
         };
-        let sql = claim_sql(&policy, capped, pick_size(&pick_sizes(256), 5));
+        let sizes = PickSizes::up_to(256);
+        let sql = claim_sql(&policy, capped, sizes.sizes()[sizes.index_for(5)]);
         assert!(sql.contains("LIMIT 8 FOR UPDATE SKIP LOCKED"), "{sql}");
         for n in (5..=8).cycle().take(12) {
             let got = claim(&one, &sql, n, std::time::Duration::from_secs(60), std::slice::from_ref(&class), &seal)

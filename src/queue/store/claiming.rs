@@ -54,7 +54,7 @@ use crate::queue::status::JobStatus;
 /// Why `pick` is written in: with the limit a parameter, the plan Postgres would keep for the
 /// prepared statement has to guess it, looks dearer than one made for the actual value, and so every
 /// claim was planned afresh (~1.3 ms of server CPU a claim, over half of a drain's claims planned).
-/// A caller keeps one statement per size ([`pick_sizes`]) and runs the smallest that covers the jobs it
+/// A caller keeps one statement per size ([`PickSizes`](crate::claim::PickSizes)) and runs the smallest that covers the jobs it
 /// wants; the rows picked beyond `$1` are locked until the claim commits and left as they were.
 pub fn claim_sql(policy: &GroupPolicy, capped: bool, pick: usize) -> String {
     let order = policy.order.sql_order_by();
@@ -128,23 +128,6 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool, pick: usize) -> String {
              SELECT f.tenant, f.class, f.inflight, f.cap, f.ids \
              FROM locks, LATERAL notification_jobs_in_flight($3::text[], $4::int4[], locks.taken) AS f), ";
     claim.replacen("WITH ", &format!("WITH {live}"), 1)
-}
-
-/// The pick sizes a group with claim batch `batch` keeps a statement for: the powers of two below it,
-/// and `batch` itself. A claim of `n` runs the smallest size at least `n` ([`pick_size`]), so it
-/// locks fewer than twice the rows it can take.
-pub fn pick_sizes(batch: usize) -> Vec<usize> {
-    let batch = batch.max(1);
-    let mut sizes: Vec<usize> =
-        std::iter::successors(Some(1_usize), |s| s.checked_mul(2)).take_while(|&s| s < batch).collect();
-    sizes.push(batch);
-    sizes
-}
-
-/// The size of [`pick_sizes`] that a claim of `n` jobs runs: the smallest at least `n` (the largest
-/// when `n` is above them all, which a caller bounded by its batch never asks for).
-pub fn pick_size(sizes: &[usize], n: usize) -> usize {
-    sizes.iter().copied().find(|&s| s >= n).or_else(|| sizes.last().copied()).unwrap_or(1)
 }
 
 const CLAIM_SET: &str = "attempts = t.attempts + 1, picked_at = coalesce(t.picked_at, clock_timestamp())";
@@ -276,24 +259,4 @@ pub struct Unreadable {
 pub(crate) async fn mark_unreadable(db: &PgPool, job: &Unreadable) -> Result<Fenced, sqlx::Error> {
     let error = format!("the stored job cannot be read: {}", job.error);
     mark_final_fenced(db, job.id, job.token, JobStatus::Dead, &error).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pick_sizes_double_up_to_the_batch_and_a_claim_locks_under_twice_what_it_wants() {
-        assert_eq!(pick_sizes(256), vec![1, 2, 4, 8, 16, 32, 64, 128, 256]);
-        assert_eq!(pick_sizes(100), vec![1, 2, 4, 8, 16, 32, 64, 100]);
-        assert_eq!(pick_sizes(1), vec![1]);
-        assert_eq!(pick_sizes(0), vec![1]);
-        let sizes = pick_sizes(100);
-        for n in 1..=100 {
-            let size = pick_size(&sizes, n);
-            assert!(size >= n && size < 2 * n.max(1) || size == 1, "{n} -> {size}");
-        }
-        assert_eq!(pick_size(&sizes, 65), 100);
-        assert_eq!(pick_size(&sizes, 500), 100);
-    }
 }
