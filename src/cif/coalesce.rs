@@ -10,8 +10,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::cif::Pool;
@@ -93,8 +95,20 @@ impl Drop for Alone<'_> {
     }
 }
 
+/// Longest a flusher keeps one connection through back-to-back statements before handing it back
+/// to the pool (whose lifetime and health checks see a connection only when it comes back).
+const KEEP_CONNECTION_AT_MOST: Duration = Duration::from_secs(1);
+
+/// How long a flusher that has just claimed waits for more requests with its connection kept.
+const LINGER: Duration = Duration::from_millis(5);
+
 /// One flusher: takes what is waiting (holding the queue only while it gathers), claims for all of
 /// it, answers each. Ends when the pool (and with it the queue's sender) is gone.
+///
+/// Under load it keeps its connection from one statement to the next (up to
+/// [`KEEP_CONNECTION_AT_MOST`]): every connection handed back to the pool costs a round trip to the
+/// server (the pool checks it on return), one per statement of a few reservations. It hands the
+/// connection back when no request came within [`LINGER`], so an idle pool holds none.
 async fn flush(
     db: PgPool,
     pool: Weak<Pool>,
@@ -102,19 +116,23 @@ async fn flush(
     busy: Arc<AtomicUsize>,
 ) {
     let mut batch: Vec<Waiting> = Vec::with_capacity(MOST_PER_STATEMENT);
+    let mut kept: Option<(PoolConnection<Postgres>, Instant)> = None;
     loop {
-        {
-            let mut queue = waiting.lock().await;
-            match queue.recv().await {
-                Some(first) => batch.push(first),
-                None => return,
-            }
-            while batch.len() < MOST_PER_STATEMENT {
-                match queue.try_recv() {
-                    Ok(next) => batch.push(next),
-                    Err(_) => break,
+        let more = if kept.is_some() {
+            // Under load the next requests come within a moment; past that, the connection would
+            // only sit idle outside the pool.
+            match tokio::time::timeout(LINGER, gather(&waiting, &mut batch)).await {
+                Ok(more) => more,
+                Err(_) => {
+                    kept = None;
+                    gather(&waiting, &mut batch).await
                 }
             }
+        } else {
+            gather(&waiting, &mut batch).await
+        };
+        if !more {
+            return;
         }
         let Some(pool) = pool.upgrade() else { return };
         // A request whose client went away no longer waits: claiming for it would strand a code
@@ -127,10 +145,22 @@ async fn flush(
         metrics::histogram!("cifpool_reservation_batch_size", "pool" => pool.name().to_string())
             .record(requests.len() as f64);
         busy.fetch_add(1, Ordering::AcqRel);
-        let claimed = store::reserve_many(&db, &pool, &requests).await;
+        let conn = match kept.take().filter(|(_, since)| since.elapsed() < KEEP_CONNECTION_AT_MOST) {
+            Some(kept) => Ok(kept),
+            None => db.acquire().await.map(|conn| (conn, Instant::now())),
+        };
+        let claimed = match conn {
+            Ok((mut conn, since)) => {
+                store::reserve_many(&mut conn, &pool, &requests).await.map(|held| (held, conn, since))
+            }
+            Err(e) => Err(e),
+        };
         busy.fetch_sub(1, Ordering::AcqRel);
         match claimed {
-            Ok(held) => {
+            Ok((held, conn, since)) => {
+                // Kept only after a statement that ended well: one that failed may have left the
+                // connection in any state, and dropping it lets the pool check or close it.
+                kept = Some((conn, since));
                 for (w, reservation) in batch.drain(..).zip(held) {
                     let answer = reservation.map_or(Shared::Empty, Shared::Reserved);
                     if let Err(Shared::Reserved(r)) = w.reply.send(answer) {
@@ -147,6 +177,24 @@ async fn flush(
             }
         }
     }
+}
+
+/// Waits for requests and takes what is waiting into `batch` (holding the queue only while it does);
+/// false once the queue is gone with its pool. Cancel-safe: a request is taken only when it is
+/// added to the batch.
+async fn gather(waiting: &Mutex<mpsc::UnboundedReceiver<Waiting>>, batch: &mut Vec<Waiting>) -> bool {
+    let mut queue = waiting.lock().await;
+    match queue.recv().await {
+        Some(first) => batch.push(first),
+        None => return false,
+    }
+    while batch.len() < MOST_PER_STATEMENT {
+        match queue.try_recv() {
+            Ok(next) => batch.push(next),
+            Err(_) => break,
+        }
+    }
+    true
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use crate::audit::{Actor, Columns, action, audited, insert_from};
@@ -144,18 +144,18 @@ pub struct Request {
     pub actor: Actor,
 }
 
-/// Reserves one code for each of `requests` in one statement (no idempotency keys: those take
-/// [`reserve`]). The answer is in request order; `None` where the pool ran out.
+/// Reserves one code for each of `requests` in one statement on `conn` (no idempotency keys: those
+/// take [`reserve`]). The answer is in request order; `None` where the pool ran out.
 pub async fn reserve_many(
-    db: &PgPool,
+    conn: &mut PgConnection,
     pool: &Pool,
     requests: &[Request],
 ) -> Result<Vec<Option<Reservation>>, sqlx::Error> {
     let floor = pool.cursor.floor(now_ms());
-    let mut out = claim_in_chunks(db, pool, requests.iter().collect(), floor).await?;
+    let mut out = claim_in_chunks(conn, pool, requests.iter().collect(), floor).await?;
     let missing: Vec<usize> = (0..out.len()).filter(|&i| out[i].is_none()).collect();
     if !missing.is_empty() && pool.cursor.rewind(floor) {
-        let again = claim_in_chunks(db, pool, missing.iter().map(|&i| &requests[i]).collect(), 0).await?;
+        let again = claim_in_chunks(conn, pool, missing.iter().map(|&i| &requests[i]).collect(), 0).await?;
         for (i, held) in missing.into_iter().zip(again) {
             out[i] = held;
         }
@@ -166,14 +166,14 @@ pub async fn reserve_many(
 /// [`claim_many`] for every [`MOST_PER_SHARED_CLAIM`] of `requests` in turn; the answer is in their
 /// order.
 async fn claim_in_chunks(
-    db: &PgPool,
+    conn: &mut PgConnection,
     pool: &Pool,
     requests: Vec<&Request>,
     floor: i64,
 ) -> Result<Vec<Option<Reservation>>, sqlx::Error> {
     let mut out = Vec::with_capacity(requests.len());
     for chunk in requests.chunks(MOST_PER_SHARED_CLAIM) {
-        out.extend(claim_many(db, pool, chunk.to_vec(), floor).await?);
+        out.extend(claim_many(conn, pool, chunk.to_vec(), floor).await?);
     }
     Ok(out)
 }
@@ -181,7 +181,7 @@ async fn claim_in_chunks(
 /// One shared claim ([`RESERVE_MANY`] of the size that covers `requests`, at most
 /// [`MOST_PER_SHARED_CLAIM`]) from counter `floor` on; the answer is in their order.
 async fn claim_many(
-    db: &PgPool,
+    conn: &mut PgConnection,
     pool: &Pool,
     requests: Vec<&Request>,
     floor: i64,
@@ -199,7 +199,7 @@ async fn claim_many(
         .bind(pool.name())
         .bind(&client_request_ids)
         .bind(floor)
-        .fetch_all(db)
+        .fetch_all(conn)
         .await?;
     let mut out = vec![None; requests.len()];
     for row in &rows {

@@ -27,7 +27,7 @@ async fn one_statement_reserves_for_many_each_with_its_own_holder_token_and_audi
     refill(&db.pool, pool, RefillOptions { force: true, ..Default::default() }).await.unwrap();
     let requests: Vec<Request> =
         (0..5).map(|i| Request { holder: Some(format!("pod-{i}")), actor: actor(i) }).collect();
-    let held = reserve_many(&db.pool, pool, &requests).await.unwrap();
+    let held = reserve_many(&mut db.pool.acquire().await.unwrap(), pool, &requests).await.unwrap();
     assert_eq!(held.len(), 5);
     let held: Vec<_> = held.into_iter().map(|r| r.expect("the pool has codes")).collect();
     assert_eq!(held.iter().map(|r| &r.cif).collect::<HashSet<_>>().len(), 5, "distinct codes");
@@ -66,7 +66,7 @@ async fn one_statement_reserves_for_many_each_with_its_own_holder_token_and_audi
         .await
         .unwrap();
     let requests: Vec<Request> = (0..left as usize + 3).map(|i| Request { holder: None, actor: actor(i) }).collect();
-    let held = reserve_many(&db.pool, pool, &requests).await.unwrap();
+    let held = reserve_many(&mut db.pool.acquire().await.unwrap(), pool, &requests).await.unwrap();
     assert!(held[..left as usize].iter().all(Option::is_some));
     assert!(held[left as usize..].iter().all(Option::is_none));
 }
@@ -130,6 +130,19 @@ async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_code
     .await
     .unwrap();
     assert_eq!(audited, 64, "one audit row per reservation, with its own request id");
+    // A flusher keeps its connection only while requests wait: with none left, every connection of
+    // the service's pool is back in it (handing one back is a round trip, hence the wait).
+    let service_db = &app.state.db;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while service_db.num_idle() < service_db.size() as usize {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {} connections still out of the pool with no request waiting",
+            service_db.size() as usize - service_db.num_idle(),
+            service_db.size()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test]

@@ -41,12 +41,14 @@ async fn reservations_reuse_one_plan_of_their_claim() {
     assert!(custom <= 5 && generic >= 7, "{custom} executions planned afresh, {generic} on the kept plan");
 
     // Shared claims for 5 to 8 waiting reservations run the statement of size 8.
+    let mut conn = app.state.db.acquire().await.unwrap();
     for n in (5..=8).cycle().take(12) {
         let requests: Vec<Request> =
             (0..n).map(|_| Request { holder: Some("pod".into()), actor: actor.clone() }).collect();
-        let held = reserve_many(&app.state.db, pool, &requests).await.unwrap();
+        let held = reserve_many(&mut conn, pool, &requests).await.unwrap();
         assert!(held.iter().all(Option::is_some), "{held:?}");
     }
+    drop(conn);
     let plans: Vec<(i64, i64)> = sqlx::query_as(
         "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
          WHERE statement LIKE '%LIMIT 8 FOR UPDATE SKIP LOCKED%' AND statement NOT LIKE '%pg_prepared_statements%'",
