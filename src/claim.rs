@@ -56,13 +56,9 @@ impl PickSizes {
         &self.0
     }
 
-    /// The largest size: the most rows one claim picks.
-    pub fn largest(&self) -> usize {
-        self.0[self.0.len() - 1]
-    }
-
     /// Where in [`PickSizes::sizes`] the claim of `n` rows is: the smallest size at least `n` (the
-    /// largest when `n` is above them all, which a caller bounded by [`PickSizes::largest`] never asks).
+    /// largest when `n` is above them all, which a caller bounded by the `most` it was built with never
+    /// asks).
     pub fn index_for(&self, n: usize) -> usize {
         self.0.iter().position(|&size| size >= n).unwrap_or(self.0.len() - 1)
     }
@@ -369,7 +365,6 @@ mod tests {
         assert_eq!(PickSizes::up_to(1).sizes(), [1]);
         assert_eq!(PickSizes::up_to(0).sizes(), [1]);
         let sizes = PickSizes::up_to(100);
-        assert_eq!(sizes.largest(), 100);
         for n in 1..=100 {
             let size = sizes.sizes()[sizes.index_for(n)];
             assert!(size >= n && size < 2 * n || size == 1, "{n} -> {size}");

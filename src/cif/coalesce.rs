@@ -145,16 +145,15 @@ async fn flush(
         metrics::histogram!("cifpool_reservation_batch_size", "pool" => pool.name().to_string())
             .record(requests.len() as f64);
         busy.fetch_add(1, Ordering::AcqRel);
-        let conn = match kept.take().filter(|(_, since)| since.elapsed() < KEEP_CONNECTION_AT_MOST) {
-            Some(kept) => Ok(kept),
-            None => db.acquire().await.map(|conn| (conn, Instant::now())),
-        };
-        let claimed = match conn {
-            Ok((mut conn, since)) => {
-                store::reserve_many(&mut conn, &pool, &requests).await.map(|held| (held, conn, since))
-            }
-            Err(e) => Err(e),
-        };
+        let claimed = async {
+            let (mut conn, since) = match kept.take().filter(|(_, since)| since.elapsed() < KEEP_CONNECTION_AT_MOST) {
+                Some(kept) => kept,
+                None => (db.acquire().await?, Instant::now()),
+            };
+            let held = store::reserve_many(&mut conn, &pool, &requests).await?;
+            Ok::<_, sqlx::Error>((held, conn, since))
+        }
+        .await;
         busy.fetch_sub(1, Ordering::AcqRel);
         match claimed {
             Ok((held, conn, since)) => {

@@ -130,8 +130,8 @@ async fn sixty_four_reservations_at_once_share_a_statement_and_get_distinct_code
     .await
     .unwrap();
     assert_eq!(audited, 64, "one audit row per reservation, with its own request id");
-    // A flusher keeps its connection only while requests wait: with none left, every connection of
-    // the service's pool is back in it (handing one back is a round trip, hence the wait).
+    // A flusher keeps its connection only while requests keep coming: with none for its linger, every
+    // connection of the service's pool is back in it (handing one back is a round trip, hence the wait).
     let service_db = &app.state.db;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while service_db.num_idle() < service_db.size() as usize {

@@ -54,8 +54,9 @@ use crate::queue::status::JobStatus;
 /// Why `pick` is written in: with the limit a parameter, the plan Postgres would keep for the
 /// prepared statement has to guess it, looks dearer than one made for the actual value, and so every
 /// claim was planned afresh (~1.3 ms of server CPU a claim, over half of a drain's claims planned).
-/// A caller keeps one statement per size ([`PickSizes`](crate::claim::PickSizes)) and runs the smallest that covers the jobs it
-/// wants; the rows picked beyond `$1` are locked until the claim commits and left as they were.
+/// A caller keeps one statement per size ([`PickSizes`](crate::claim::PickSizes)) and runs the
+/// smallest that covers the jobs it wants; the rows picked beyond `$1` are locked until the claim
+/// commits and left as they were.
 pub fn claim_sql(policy: &GroupPolicy, capped: bool, pick: usize) -> String {
     let order = policy.order.sql_order_by();
     // Counts each provider's jobs in claim order and stops at the first job past its provider's room.
