@@ -537,9 +537,32 @@ pub fn table(report: &BenchReport<ReserveResults>) -> String {
         };
         out.push_str(&format!("\nwhere the CPU went (cores busy on average; {split}):\n"));
         out.push_str(&super::cpu::table("service", "load gen", &cpu_rows));
+        out.push_str(&cpu_per_reservation(&report.results.levels));
     }
     for note in &report.notes {
         out.push_str(&format!("\nnote: {note}"));
+    }
+    out
+}
+
+/// CPU per reservation at each level, the service's side (the service and its Postgres, then the
+/// load generator) beside the raw claim's (its Postgres, then pgbench): on shared cores the clients'
+/// CPU is taken from the side they drive, so the ratio alone does not say which side does less work.
+fn cpu_per_reservation(levels: &[Level]) -> String {
+    let micros = |cores: f64, rate: f64| if rate > 0.0 { format!("{:.0}", cores / rate * 1e6) } else { "-".into() };
+    let mut out = String::new();
+    for level in levels {
+        let (Some(service), Some(raw)) = (level.service.cpu, level.raw.as_ref()) else { continue };
+        let Some(raw_cpu) = raw.cpu else { continue };
+        let rate = level.service.rate_per_s;
+        out.push_str(&format!(
+            "\nCPU µs per reservation at c={}: service + its postgres {}, load gen {}; raw claim's postgres {}, pgbench {}",
+            level.concurrency,
+            micros(service.cifpool_cores + service.postgres_cores, rate),
+            micros(service.child_cores, rate),
+            micros(raw_cpu.postgres_cores, raw.rate_per_s),
+            micros(raw_cpu.pgbench_cores, raw.rate_per_s),
+        ));
     }
     out
 }
@@ -550,4 +573,52 @@ fn raw_name(report: &BenchReport<ReserveResults>) -> String {
 
 fn seconds(report: &BenchReport<ReserveResults>) -> u64 {
     report.parameters["seconds_per_level"].as_u64().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(own: f64, child: f64, postgres: f64, pgbench: f64) -> CpuSplit {
+        CpuSplit {
+            seconds: 10.0,
+            cifpool_cores: own,
+            child_cores: child,
+            postgres_cores: postgres,
+            pgbench_cores: pgbench,
+            cores: 2,
+        }
+    }
+
+    #[test]
+    fn cpu_per_reservation_divides_each_side_by_its_own_rate() {
+        let service = ServiceLevel {
+            concurrency: 16,
+            seconds: 10.0,
+            reservations: 40_000,
+            rate_per_s: 4_000.0,
+            latency: None,
+            errors: BTreeMap::new(),
+            per_second: vec![],
+            available_before: 0,
+            cpu: Some(split(0.48, 0.28, 0.72, 0.0)),
+        };
+        let raw = RawLevel {
+            concurrency: 16,
+            method: "pgbench",
+            seconds: 10.0,
+            transactions: 32_000,
+            claimed: 32_000,
+            failed: 0,
+            rate_per_s: 3_200.0,
+            latency: None,
+            available_before: 0,
+            cpu: Some(split(0.01, 0.0, 1.6, 0.08)),
+        };
+        let level = Level { concurrency: 16, service, raw: Some(raw), service_over_raw: Some(1.25) };
+        assert_eq!(
+            cpu_per_reservation(&[level]),
+            "\nCPU µs per reservation at c=16: service + its postgres 300, load gen 70; raw claim's postgres 500, pgbench 25"
+        );
+    }
 }
