@@ -18,6 +18,12 @@ const TICKS_PER_SECOND: f64 = 100.0;
 /// How often the processes are sampled: a process that exits is counted up to its last sample.
 const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 
+/// Microseconds of CPU per item when `cores` were busy while `per_s` items a second went through
+/// (`None` when none did).
+pub fn micros_each(cores: f64, per_s: f64) -> Option<f64> {
+    (per_s > 0.0).then(|| cores * 1e6 / per_s)
+}
+
 /// CPU used during a phase, per party, in cores busy on average.
 #[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq)]
 pub struct CpuSplit {

@@ -188,9 +188,9 @@ pub async fn run(
             notes.push(format!("otp: the promo backlog was not drained ({} of {})", otp.promo_sent, otp.promo_jobs));
         }
         let cifpool_over_peer = drain_peer.jobs_per_s().map(|peer| drain.jobs_per_s / peer);
-        let postgres_us_per_job = drain.cpu.and_then(|c| per_job_us(c.postgres_cores, drain.jobs_per_s));
+        let postgres_us_per_job = drain.cpu.and_then(|c| super::cpu::micros_each(c.postgres_cores, drain.jobs_per_s));
         let peer_postgres_us_per_job = match &drain_peer.outcome {
-            PeerOutcome::Ran(run) => run.cpu.and_then(|c| per_job_us(c.postgres_cores, run.jobs_per_s)),
+            PeerOutcome::Ran(run) => run.cpu.and_then(|c| super::cpu::micros_each(c.postgres_cores, run.jobs_per_s)),
             _ => None,
         };
         anyhow::Ok(QueueResults {
@@ -469,11 +469,6 @@ pub fn table(report: &BenchReport<QueueResults>) -> String {
         out.push_str(&format!("\nnote: {note}"));
     }
     out
-}
-
-/// Microseconds of CPU per job from the cores busy during a drain and its rate.
-fn per_job_us(cores: f64, jobs_per_s: f64) -> Option<f64> {
-    (jobs_per_s > 0.0).then(|| cores * 1e6 / jobs_per_s)
 }
 
 /// The peer's row of the table: its figures, or why there are none.

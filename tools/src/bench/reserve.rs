@@ -549,7 +549,8 @@ pub fn table(report: &BenchReport<ReserveResults>) -> String {
 /// load generator) beside the raw claim's (its Postgres, then pgbench): on shared cores the clients'
 /// CPU is taken from the side they drive, so the ratio alone does not say which side does less work.
 fn cpu_per_reservation(levels: &[Level]) -> String {
-    let micros = |cores: f64, rate: f64| if rate > 0.0 { format!("{:.0}", cores / rate * 1e6) } else { "-".into() };
+    let micros =
+        |cores: f64, rate: f64| super::cpu::micros_each(cores, rate).map_or("-".into(), |us| format!("{us:.0}"));
     let mut out = String::new();
     for level in levels {
         let (Some(service), Some(raw)) = (level.service.cpu, level.raw.as_ref()) else { continue };
