@@ -18,8 +18,10 @@ pub mod reclaim {
     pub use crate::cif::reclaim::reclaim;
 }
 
-/// The reservation statement as the service runs it, for the benchmark that races it raw.
+/// The reservation statement as the service runs it, for the benchmark that races it raw; the
+/// connection lone reservations keep, for its test.
 pub mod reservations {
+    pub use crate::cif::kept::{KeptConnection, LINGER as KEPT_CONNECTION_LINGER, Lent};
     pub use crate::cif::store::{Request, Reserved, reserve_many, reserve_sql};
 }
 

@@ -18,6 +18,7 @@ use sqlx::{PgPool, Postgres};
 use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 
 use crate::cif::Pool;
+use crate::cif::kept::{KEEP_AT_MOST, KeptConnection, LINGER, Lent};
 use crate::cif::store::{self, Request, Reservation};
 
 /// Most reservations one statement claims for (the statement's cost grows with it; 64 covers the
@@ -60,6 +61,8 @@ struct Waiting {
 pub(crate) struct Coalescer {
     queue: mpsc::UnboundedSender<Waiting>,
     running: Arc<Running>,
+    /// The connection lone claims keep between them.
+    kept: Arc<KeptConnection>,
 }
 
 /// Claim statements of a pool running now on this instance (shared or alone), and a signal each
@@ -101,7 +104,7 @@ impl Coalescer {
         for _ in 0..FLUSHERS {
             tokio::spawn(flush(db.clone(), pool.clone(), waiting.clone(), running.clone()));
         }
-        Coalescer { queue, running }
+        Coalescer { queue, running, kept: KeptConnection::start() }
     }
 
     /// A claim alone, if no claim statement of the pool is running: then a request has nobody to share
@@ -112,7 +115,7 @@ impl Coalescer {
     pub fn alone(&self) -> Option<Alone<'_>> {
         // `then`, not `then_some`: an `Alone` built and dropped on the way to `None` would give back a
         // slot it never took.
-        self.running.start_if_none().then(|| Alone(&self.running))
+        self.running.start_if_none().then(|| Alone { running: &self.running, kept: &self.kept })
     }
 
     /// Reserves through the next shared statement.
@@ -126,26 +129,34 @@ impl Coalescer {
 }
 
 /// A claim statement running alone (see [`Coalescer::alone`]); gives its slot back when dropped.
-pub(crate) struct Alone<'a>(&'a Running);
+pub(crate) struct Alone<'a> {
+    running: &'a Running,
+    kept: &'a KeptConnection,
+}
 
-impl Drop for Alone<'_> {
-    fn drop(&mut self) {
-        self.0.end();
+impl Alone<'_> {
+    /// The connection the previous lone claim kept, else one from `db`.
+    pub async fn connection(&self, db: &PgPool) -> Result<Lent, sqlx::Error> {
+        self.kept.lend(db).await
+    }
+
+    /// Keeps `lent` for the next lone claim (see [`KeptConnection`]).
+    pub fn keep(&self, lent: Lent) {
+        self.kept.keep(lent);
     }
 }
 
-/// Longest a flusher keeps one connection through back-to-back statements before handing it back
-/// to the pool (whose lifetime and health checks see a connection only when it comes back).
-const KEEP_CONNECTION_AT_MOST: Duration = Duration::from_secs(1);
-
-/// How long a flusher that has just claimed waits for more requests with its connection kept.
-const LINGER: Duration = Duration::from_millis(5);
+impl Drop for Alone<'_> {
+    fn drop(&mut self) {
+        self.running.end();
+    }
+}
 
 /// One flusher: takes what is waiting (holding the queue only while it gathers), claims for all of
 /// it, answers each. Ends when the pool (and with it the queue's sender) is gone.
 ///
 /// Under load it keeps its connection from one statement to the next (up to
-/// [`KEEP_CONNECTION_AT_MOST`]): every connection handed back to the pool costs a round trip to the
+/// [`KEEP_AT_MOST`]): every connection handed back to the pool costs a round trip to the
 /// server (the pool checks it on return), one per statement of a few reservations. It hands the
 /// connection back when no request came within [`LINGER`], so an idle pool holds none.
 async fn flush(
@@ -179,7 +190,7 @@ async fn flush(
             .record(requests.len() as f64);
         running.start();
         let claimed = async {
-            let (mut conn, since) = match kept.take().filter(|(_, since)| since.elapsed() < KEEP_CONNECTION_AT_MOST) {
+            let (mut conn, since) = match kept.take().filter(|(_, since)| since.elapsed() < KEEP_AT_MOST) {
                 Some(kept) => kept,
                 None => (db.acquire().await?, Instant::now()),
             };
@@ -281,11 +292,11 @@ mod tests {
 
     fn coalescer() -> Coalescer {
         let (queue, _waiting) = mpsc::unbounded_channel();
-        Coalescer { queue, running: Arc::new(Running::default()) }
+        Coalescer { queue, running: Arc::new(Running::default()), kept: KeptConnection::start() }
     }
 
-    #[test]
-    fn one_claim_alone_at_a_time_and_its_slot_comes_back_when_dropped() {
+    #[tokio::test]
+    async fn one_claim_alone_at_a_time_and_its_slot_comes_back_when_dropped() {
         let coalescer = coalescer();
         let first = coalescer.alone().expect("nothing runs yet");
         assert!(coalescer.alone().is_none(), "a second request shares instead");

@@ -5,6 +5,8 @@
 //! - [`service`]: [`Cif`], the operations callers use (reserve, confirm, release, extend, look up)
 //!   with their metrics and the refill trigger.
 //! - [`store`]: reserve / confirm / release / extend / look up, on the shared [`crate::claim`] contract.
+//! - [`coalesce`]: reservations that arrive together share one claim statement.
+//! - [`kept`]: the connection lone reservations keep between them.
 //! - [`cursor`]: where an instance's reservations start scanning, so a held cleanup horizon does not
 //!   make each one read past every code reserved since.
 //! - [`refill`]: bounded-batch generation keeping pools above their low watermark.
@@ -19,6 +21,7 @@ pub(crate) mod coalesce;
 pub(crate) mod cursor;
 pub(crate) mod epochs;
 pub(crate) mod fence;
+pub(crate) mod kept;
 pub(crate) mod pools;
 pub(crate) mod reclaim;
 pub(crate) mod reconcile;

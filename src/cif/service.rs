@@ -171,9 +171,12 @@ impl Cif {
             return store::reserve(db, pool, holder, idempotency_key, actor).await;
         }
         let coalescer = pool.coalescer.get_or_init(|| Coalescer::start(db.clone(), Arc::downgrade(pool)));
-        if let Some(_alone) = coalescer.alone() {
+        if let Some(alone) = coalescer.alone() {
             metrics::histogram!("cifpool_reservation_batch_size", "pool" => pool.name().to_string()).record(1.0);
-            return store::reserve(db, pool, holder, None, actor).await;
+            let mut lent = alone.connection(db).await?;
+            let reserved = store::reserve_on(&mut lent.conn, pool, holder, actor).await?;
+            alone.keep(lent);
+            return Ok(reserved);
         }
         let request = store::Request { holder: holder.map(str::to_string), actor: actor.clone() };
         match coalescer.reserve(request).await {

@@ -272,6 +272,40 @@ pub enum Reserved {
     },
 }
 
+/// The claim of one code of `pool` for `holder` by `actor`, scanning from counter `floor` on.
+fn claim_one<'q>(
+    pool: &'q Pool,
+    holder: Option<&'q str>,
+    actor: &'q Actor,
+    floor: i64,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sqlx::AssertSqlSafe(RESERVE.as_str()))
+        .bind(pool.settings.lease_ttl.as_secs_f64())
+        .bind(pool.id)
+        .bind(holder)
+        .bind(&actor.name)
+        .bind(&actor.request_id)
+        .bind(pool.name())
+        .bind(&actor.client_request_id)
+        .bind(floor)
+}
+
+/// Reserves one code of `pool` for `holder`, recorded as `actor`'s, on `conn`: one autocommit
+/// statement, two when the scan from the pool's cursor comes back empty.
+pub async fn reserve_on(
+    conn: &mut PgConnection,
+    pool: &Pool,
+    holder: Option<&str>,
+    actor: &Actor,
+) -> Result<Reserved, sqlx::Error> {
+    let floor = pool.cursor.floor(now_ms());
+    let mut row = claim_one(pool, holder, actor, floor).fetch_optional(&mut *conn).await?;
+    if row.is_none() && pool.cursor.rewind(floor) {
+        row = claim_one(pool, holder, actor, 0).fetch_optional(&mut *conn).await?;
+    }
+    Ok(row.map_or(Reserved::Empty, |r| Reserved::Created(reservation(pool, &r))))
+}
+
 /// Reserves one code of `pool` for `holder`, recorded as `actor`'s. With an `idempotency_key`, a
 /// key the same actor sent before gets the first reservation back (and a `cif.replayed` row) instead
 /// of a second code; the same key from another actor is a request of its own.
@@ -282,28 +316,11 @@ pub async fn reserve(
     idempotency_key: Option<&str>,
     actor: &Actor,
 ) -> Result<Reserved, sqlx::Error> {
-    let lease_secs = pool.settings.lease_ttl.as_secs_f64();
-    let claim = |floor: i64| {
-        sqlx::query(sqlx::AssertSqlSafe(RESERVE.as_str()))
-            .bind(lease_secs)
-            .bind(pool.id)
-            .bind(holder)
-            .bind(&actor.name)
-            .bind(&actor.request_id)
-            .bind(pool.name())
-            .bind(&actor.client_request_id)
-            .bind(floor)
-    };
-    let floor = pool.cursor.floor(now_ms());
     let Some(key) = idempotency_key else {
-        // The common path: one autocommit statement (two when the scan from the cursor comes back empty).
-        let mut row = claim(floor).fetch_optional(db).await?;
-        if row.is_none() && pool.cursor.rewind(floor) {
-            row = claim(0).fetch_optional(db).await?;
-        }
-        return Ok(row.map_or(Reserved::Empty, |r| Reserved::Created(reservation(pool, &r))));
+        return reserve_on(&mut *db.acquire().await?, pool, holder, actor).await;
     };
-
+    let claim = |floor: i64| claim_one(pool, holder, actor, floor);
+    let floor = pool.cursor.floor(now_ms());
     if let Some(found) = replay(db, pool, key, holder, actor).await? {
         return Ok(found);
     }

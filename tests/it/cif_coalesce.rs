@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use cifpool::audit::Actor;
 use cifpool::internals::refill::{RefillOptions, refill};
-use cifpool::internals::reservations::{Request, Reserved, reserve_many};
+use cifpool::internals::reservations::{KEPT_CONNECTION_LINGER, KeptConnection, Lent, Request, Reserved, reserve_many};
 use common::{fresh_database, spawn_passive_app, test_settings_with_pools};
 use serde_json::json;
 
@@ -181,4 +181,38 @@ async fn sixty_four_concurrent_requests_with_sixteen_shared_keys_get_exactly_six
         .await
         .unwrap();
     assert_eq!(held, 16, "exactly sixteen codes held");
+}
+
+async fn backend_of(lent: &mut Lent) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *lent.conn).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_lone_claims_connection_serves_the_next_one_and_goes_back_to_the_pool_once_unused() {
+    let db = fresh_database().await;
+    // Three idle connections in the pool, which hands out the one idle longest: a connection handed
+    // back and taken again would be another one.
+    let opened: Vec<_> = futures_util::future::try_join_all((0..3).map(|_| db.pool.acquire())).await.unwrap();
+    drop(opened);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while db.pool.num_idle() < 3 {
+        assert!(std::time::Instant::now() < deadline, "the three connections never came back");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let kept = KeptConnection::start();
+    let mut first = kept.lend(&db.pool).await.unwrap();
+    let backend = backend_of(&mut first).await;
+    kept.keep(first);
+    let mut second = kept.lend(&db.pool).await.unwrap();
+    assert_eq!(backend_of(&mut second).await, backend, "the next lone claim runs on the kept connection");
+    kept.keep(second);
+    let kept_at = std::time::Instant::now();
+    assert_eq!(db.pool.num_idle(), 2, "the kept connection is out of the pool");
+    while db.pool.num_idle() < 3 {
+        assert!(std::time::Instant::now() < deadline, "the kept connection never went back to the pool");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    assert!(kept_at.elapsed() >= KEPT_CONNECTION_LINGER, "handed back only once unused for its linger");
+    let mut third = kept.lend(&db.pool).await.unwrap();
+    assert_ne!(backend_of(&mut third).await, backend, "once handed back, the next lone claim takes one from the pool");
 }
