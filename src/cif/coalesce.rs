@@ -3,7 +3,8 @@
 //! [`MOST_PER_STATEMENT`]), claims that many codes at once ([`store::reserve_many`]), and hands each
 //! request its own code, token and audit row. Under load that turns N statements into one, and while
 //! two statements already run a flusher holds its batch a moment to let it grow ([`ENOUGH_RUNNING`]);
-//! alone, a request waits for nobody (it claims by itself, or the flusher takes what is there and goes).
+//! alone, a request waits for nobody (it claims by itself, on the connection the previous lone claim
+//! kept: [`crate::cif::kept`], or the flusher takes what is there and goes).
 //!
 //! Reservations with an idempotency key keep their own transaction ([`store::reserve`]): the key's
 //! insert must commit or roll back with its claim. If a shared statement fails, each of its requests

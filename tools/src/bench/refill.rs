@@ -9,6 +9,9 @@
 //! Every phase starts from an empty table (truncated when it holds only bench rows, else the pool's
 //! rows deleted and the table vacuumed) after a `CHECKPOINT` (when permitted), so no phase pays for the
 //! previous one's dirty pages. The pool's counter is reset: the database is scratch.
+//!
+//! The refill and the raw `COPY` also report where the CPU went (this process, which encodes the codes,
+//! and Postgres) and the server's CPU per row written.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -19,6 +22,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+use super::cpu::{CpuSplit, CpuWatch, micros_each};
 use super::report::{BenchReport, Machine, table as text_table, thousands};
 use super::{BenchArgs, bench_pool};
 use cifpool::cif::Pool;
@@ -64,12 +68,20 @@ pub struct Phase {
     pub seconds: f64,
     /// Rows per second.
     pub codes_per_s: f64,
+    /// CPU during the phase (refill and the raw `COPY` only): on a small machine the server's one
+    /// backend writing the rows is what bounds both.
+    pub cpu: Option<CpuSplit>,
 }
 
 impl Phase {
     fn new(rows: u64, elapsed: Duration) -> Phase {
         let seconds = elapsed.as_secs_f64();
-        Phase { rows, seconds, codes_per_s: rows as f64 / seconds }
+        Phase { rows, seconds, codes_per_s: rows as f64 / seconds, cpu: None }
+    }
+
+    /// Microseconds of Postgres CPU per row written, when the phase's CPU was watched.
+    fn postgres_us_per_row(&self) -> Option<f64> {
+        self.cpu.and_then(|c| micros_each(c.postgres_cores, self.codes_per_s))
     }
 }
 
@@ -156,9 +168,11 @@ async fn measure(db: &PgPool, opts: &RefillBenchOptions) -> anyhow::Result<(Refi
     let (refill_phase, refill_batches) = {
         let bar = super::bar(opts.progress, "refill()", opts.codes, "codes");
         let watcher = watch_counter(db.clone(), pool.clone(), bar.clone());
+        let cpu = CpuWatch::start();
         let started = Instant::now();
         let summary = refill(db, &pool, RefillOptions { force: true, ..Default::default() }).await?;
         let elapsed = started.elapsed();
+        let cpu = cpu.finish().await;
         watcher.abort();
         bar.set_position(summary.codes_added);
         bar.finish();
@@ -169,7 +183,7 @@ async fn measure(db: &PgPool, opts: &RefillBenchOptions) -> anyhow::Result<(Refi
             opts.codes,
             summary.outcome
         );
-        (Phase::new(summary.codes_added, elapsed), summary.batches)
+        (Phase { cpu, ..Phase::new(summary.codes_added, elapsed) }, summary.batches)
     };
 
     // Raw COPY of the same rows.
@@ -186,6 +200,7 @@ async fn measure(db: &PgPool, opts: &RefillBenchOptions) -> anyhow::Result<(Refi
         let mut conn = db.acquire().await?;
         // One statement of 1,000,000 rows may outlast the service's per-statement cap.
         sqlx::query("SET statement_timeout = 0").execute(&mut *conn).await?;
+        let cpu = CpuWatch::start();
         let started = Instant::now();
         let mut copy = conn.copy_in_raw("COPY cif_codes (pool_id, counter, code) FROM STDIN").await?;
         for chunk in text.as_bytes().chunks(1 << 20) {
@@ -194,9 +209,10 @@ async fn measure(db: &PgPool, opts: &RefillBenchOptions) -> anyhow::Result<(Refi
         }
         let rows = copy.finish().await?;
         let elapsed = started.elapsed();
+        let cpu = cpu.finish().await;
         bar.finish();
         anyhow::ensure!(rows == opts.codes, "COPY wrote {rows} rows, expected {}", opts.codes);
-        (Phase::new(rows, elapsed), encode_only)
+        (Phase { cpu, ..Phase::new(rows, elapsed) }, encode_only)
     };
 
     let results = RefillResults {
@@ -277,6 +293,17 @@ pub fn table(report: &BenchReport<RefillResults>) -> String {
     );
     out.push_str(&text_table(&["method", "rows", "seconds", "codes/s", ""], &rows));
     out.push_str(&format!("\nrefill is {:.1}× the naive INSERT rate", r.refill_over_naive));
+    let watched: Vec<(String, CpuSplit)> = [("refill()", &r.refill), ("one COPY", &r.copy)]
+        .into_iter()
+        .filter_map(|(name, p)| p.cpu.map(|c| (name.to_string(), c)))
+        .collect();
+    if !watched.is_empty() {
+        out.push_str("\nwhere the CPU went (cores busy on average; bench = this process, which encodes the codes):\n");
+        out.push_str(&super::cpu::table("bench", "-", &watched));
+    }
+    if let (Some(refill), Some(copy)) = (r.refill.postgres_us_per_row(), r.copy.postgres_us_per_row()) {
+        out.push_str(&format!("\nPostgres CPU µs per row: refill() {refill:.1}, one COPY {copy:.1}"));
+    }
     for note in &report.notes {
         out.push_str(&format!("\nnote: {note}"));
     }
