@@ -12,14 +12,13 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use sqlx::pool::PoolConnection;
-use sqlx::{PgPool, Postgres};
+use sqlx::PgPool;
 use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 
 use crate::cif::Pool;
-use crate::cif::kept::{KEEP_AT_MOST, KeptConnection, LINGER, Lent};
+use crate::cif::kept::{KeptConnection, LINGER, Lent};
 use crate::cif::store::{self, Request, Reservation};
 
 /// Most reservations one statement claims for (the statement's cost grows with it; 64 covers the
@@ -157,7 +156,7 @@ impl Drop for Alone<'_> {
 /// it, answers each. Ends when the pool (and with it the queue's sender) is gone.
 ///
 /// Under load it keeps its connection from one statement to the next (up to
-/// [`KEEP_AT_MOST`]): every connection handed back to the pool costs a round trip to the
+/// [`crate::cif::kept::KEEP_AT_MOST`]): every connection handed back to the pool costs a round trip to the
 /// server (the pool checks it on return), one per statement of a few reservations. It hands the
 /// connection back when no request came within [`LINGER`], so an idle pool holds none.
 async fn flush(
@@ -167,7 +166,7 @@ async fn flush(
     running: Arc<Running>,
 ) {
     let mut batch: Vec<Waiting> = Vec::with_capacity(MOST_PER_STATEMENT);
-    let mut kept: Option<(PoolConnection<Postgres>, Instant)> = None;
+    let mut kept: Option<Lent> = None;
     loop {
         // Under load the next requests come within a moment; past that, the connection would only
         // sit idle outside the pool.
@@ -191,20 +190,17 @@ async fn flush(
             .record(requests.len() as f64);
         running.start();
         let claimed = async {
-            let (mut conn, since) = match kept.take().filter(|(_, since)| since.elapsed() < KEEP_AT_MOST) {
-                Some(kept) => kept,
-                None => (db.acquire().await?, Instant::now()),
-            };
-            let held = store::reserve_many(&mut conn, &pool, &requests).await?;
-            Ok::<_, sqlx::Error>((held, conn, since))
+            let mut lent = Lent::reuse_or_take(kept.take(), &db).await?;
+            let held = store::reserve_many(&mut lent.conn, &pool, &requests).await?;
+            Ok::<_, sqlx::Error>((held, lent))
         }
         .await;
         running.end();
         match claimed {
-            Ok((held, conn, since)) => {
+            Ok((held, lent)) => {
                 // Kept only after a statement that ended well: one that failed may have left the
                 // connection in any state, and dropping it lets the pool check or close it.
-                kept = Some((conn, since));
+                kept = Some(lent);
                 for (w, reservation) in batch.drain(..).zip(held) {
                     let answer = reservation.map_or(Shared::Empty, Shared::Reserved);
                     if let Err(Shared::Reserved(r)) = w.reply.send(answer) {

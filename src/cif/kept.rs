@@ -6,9 +6,10 @@
 //! configurable. At one request at a time that check ran beside the next request's statement and made
 //! each claim ~0.2 ms slower (the claim through the pool against the same claim on one connection).
 //! So a lone claim keeps its connection here for the next one; a connection unused for [`LINGER`] goes
-//! back to the pool, and one kept for [`KEEP_AT_MOST`] is handed back and a fresh one taken, so a
-//! steady trickle of requests neither holds a connection for ever nor skips the pool's health checks
-//! for long.
+//! back to the pool (a task looks every [`LINGER`], so within twice that of its last claim), and one
+//! kept for [`KEEP_AT_MOST`] is handed back and a fresh one taken ([`Lent::reuse_or_take`], the rule
+//! the flushers' connections follow too), so a steady trickle of requests neither holds a connection
+//! for ever nor skips the pool's health checks for long.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -18,10 +19,11 @@ use sqlx::{PgPool, Postgres};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// How long a kept connection waits for the next lone claim before it goes back to the pool.
+/// How long a kept connection (a lone claim's, or a flusher's) waits for the next claim before it goes
+/// back to the pool.
 pub const LINGER: Duration = Duration::from_millis(5);
 
-/// Longest one connection is kept across lone claims, counted from when it was taken from the pool.
+/// Longest one connection is kept across claims, counted from when it was taken from the pool.
 pub const KEEP_AT_MOST: Duration = Duration::from_secs(1);
 
 /// At most one connection, kept between lone claims of one pool; lone claims run one at a time, so
@@ -33,18 +35,28 @@ pub struct KeptConnection {
 }
 
 struct Kept {
-    conn: PoolConnection<Postgres>,
-    /// When it was taken from the pool.
-    taken: Instant,
+    lent: Lent,
     /// When its last claim ended.
     used: Instant,
 }
 
-/// A connection out of a [`KeptConnection`] (or fresh from the pool), for one claim.
+/// A connection kept across claims (or fresh from the pool), for the next claim.
 pub struct Lent {
     /// The connection.
     pub conn: PoolConnection<Postgres>,
+    /// When it was taken from the pool.
     taken: Instant,
+}
+
+impl Lent {
+    /// `kept` if it was taken from the pool less than [`KEEP_AT_MOST`] ago, else (handing it back) a
+    /// connection from `db`.
+    pub(crate) async fn reuse_or_take(kept: Option<Lent>, db: &PgPool) -> Result<Lent, sqlx::Error> {
+        match kept.filter(|k| k.taken.elapsed() < KEEP_AT_MOST) {
+            Some(kept) => Ok(kept),
+            None => Ok(Lent { conn: db.acquire().await?, taken: Instant::now() }),
+        }
+    }
 }
 
 impl KeptConnection {
@@ -56,23 +68,16 @@ impl KeptConnection {
         kept
     }
 
-    /// The kept connection if it is younger than [`KEEP_AT_MOST`], else one from `db`.
+    /// The kept connection, else one from `db` (see [`Lent::reuse_or_take`]).
     pub async fn lend(&self, db: &PgPool) -> Result<Lent, sqlx::Error> {
         let kept = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
-        match kept.filter(|k| k.taken.elapsed() < KEEP_AT_MOST) {
-            Some(k) => Ok(Lent { conn: k.conn, taken: k.taken }),
-            None => Ok(Lent { conn: db.acquire().await?, taken: Instant::now() }),
-        }
+        Lent::reuse_or_take(kept.map(|k| k.lent), db).await
     }
 
     /// Keeps `lent` for the next lone claim. Only after a claim that succeeded: a connection whose
     /// statement failed goes back to the pool, which checks it.
     pub fn keep(&self, lent: Lent) {
-        let previous = self.slot.lock().unwrap_or_else(|e| e.into_inner()).replace(Kept {
-            conn: lent.conn,
-            taken: lent.taken,
-            used: Instant::now(),
-        });
+        let previous = self.slot.lock().unwrap_or_else(|e| e.into_inner()).replace(Kept { lent, used: Instant::now() });
         drop(previous);
         self.put.notify_one();
     }
@@ -80,11 +85,11 @@ impl KeptConnection {
     /// Hands the kept connection back if no claim has used it for `idle`; whether none is kept now.
     fn hand_back_if_unused_for(&self, idle: Duration) -> bool {
         let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
-        let handed_back = match slot.as_ref() {
-            None => return true,
-            Some(k) if k.used.elapsed() >= idle => slot.take(),
-            Some(_) => return false,
-        };
+        if slot.as_ref().is_some_and(|k| k.used.elapsed() < idle) {
+            return false;
+        }
+        // Dropped once the lock is let go: handing it back spawns the pool's check.
+        let handed_back = slot.take();
         drop(slot);
         drop(handed_back);
         true

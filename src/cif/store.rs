@@ -319,22 +319,15 @@ pub async fn reserve(
     let Some(key) = idempotency_key else {
         return reserve_on(&mut *db.acquire().await?, pool, holder, actor).await;
     };
-    let claim = |floor: i64| claim_one(pool, holder, actor, floor);
-    let floor = pool.cursor.floor(now_ms());
     if let Some(found) = replay(db, pool, key, holder, actor).await? {
         return Ok(found);
     }
     // Claim and record the key atomically; a concurrent request with the same key loses the insert,
     // rolls its claim (and its audit row) back and replays the winner's reservation.
     let mut tx = db.begin().await?;
-    let mut row = claim(floor).fetch_optional(&mut *tx).await?;
-    if row.is_none() && pool.cursor.rewind(floor) {
-        row = claim(0).fetch_optional(&mut *tx).await?;
-    }
-    let Some(row) = row else {
+    let Reserved::Created(held) = reserve_on(&mut tx, pool, holder, actor).await? else {
         return Ok(Reserved::Empty);
     };
-    let held = reservation(pool, &row);
     // A key past its window that reclaim has not deleted yet is taken over by this reservation.
     let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO cif_idempotency (caller, idempotency_key, pool_id, counter, code, lease_token, lease_expires_at) \
