@@ -114,25 +114,40 @@ impl Application {
         &self.state
     }
 
-    /// Serves until `shutdown` resolves, then drains: HTTP stops taking requests, in-flight ones get
-    /// up to `server.shutdown_grace`, then the database (and the embedded cluster) close. A
-    /// background task that keeps failing (see [`crate::supervise`]) also shuts the service down,
-    /// and then this returns that failure as an error (the process exits non-zero).
+    /// Starts the background work, then serves until `shutdown` resolves, then drains: HTTP stops
+    /// taking requests, in-flight ones get up to `server.shutdown_grace`, then the database (and the
+    /// embedded cluster) close. Background work that cannot start is an error before any request is
+    /// served; a background task that keeps failing (see [`crate::supervise`]) shuts the service
+    /// down, and then this returns that failure as an error (the process exits non-zero).
     pub(crate) async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let Application { listener, state, database, background, restart, extra } = self;
         let grace = state.settings.server.shutdown_grace;
         let stop = CancellationToken::new();
-        let router = crate::http::app(state.clone());
         let addr = listener.local_addr()?;
-        let mut http = tokio::spawn(crate::http::serve(listener, router, stop.clone().cancelled_owned()));
         crate::telemetry::register_event_counters(&state);
         crate::telemetry::collectors::record_build_info();
         let mut tasks = Supervisor::new(state.liveness.clone(), stop.clone()).with_policy(restart);
-        let scheduler = if background { Some(start_background(&state, &mut tasks).await?) } else { None };
+        // The background work starts before the first request is served: an instance whose schedules
+        // or worker groups could not start serves nothing (its listener closes), and stops what did
+        // start and the database before it returns the error.
+        let scheduler = match background {
+            false => None,
+            true => match start_background(&state, &mut tasks).await {
+                Ok(cron) => Some(cron),
+                Err(e) => {
+                    stop.cancel();
+                    tasks.drain(grace + HAND_BACK_MARGIN).await;
+                    database.close().await;
+                    return Err(e.context("starting the background work (nothing was served)"));
+                }
+            },
+        };
         start_watchers(&state, &mut tasks);
         for (name, task) in extra {
             tasks.keep_running(name, task);
         }
+        let router = crate::http::app(state.clone());
+        let mut http = tokio::spawn(crate::http::serve(listener, router, stop.clone().cancelled_owned()));
         tracing::info!(%addr, pools = ?state.cif.pools().names(), tasks = ?tasks.names(), "cifpool serving");
         // `http` is awaited again below unless the server is what ended (a handle is polled to its end once).
         let (failure, http_ended) = tokio::select! {

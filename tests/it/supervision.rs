@@ -81,3 +81,18 @@ async fn a_task_that_keeps_failing_fails_readiness_then_stops_the_service_with_a
     let error = app.stop_result().await.expect_err("a given-up task is an error").to_string();
     assert!(error.contains("doomed relay") && error.contains("panicked"), "{error}");
 }
+
+#[tokio::test]
+async fn background_work_that_cannot_start_fails_the_service_before_it_serves_anything() {
+    let db = fresh_database().await;
+    let mut settings = common::test_settings_with_pools(&db.url);
+    // Configuration checks refuse this schedule; built past them, the scheduler refuses it at start.
+    settings.pools[0].refill_schedule = "not a schedule".into();
+    let app = spawn_built(build_app(settings).await).await;
+    let (client, url) = (app.client.clone(), app.url("/healthz"));
+    let error = app.stop_result().await.expect_err("a schedule that cannot start is an error").to_string();
+    assert!(error.contains("starting the background work"), "{error}");
+    // Nothing is left serving on the port: the listener went with the failed start.
+    let answer = client.get(&url).timeout(Duration::from_secs(5)).send().await;
+    assert!(answer.is_err(), "still serving after the start failed: {answer:?}");
+}
