@@ -49,8 +49,8 @@ pub fn catalog() -> Vec<Statement> {
         queue.strategy = strategy;
         for policy in queue.group_policies() {
             for capped in [true, false] {
-                // The statement of the largest pick, the one a busy group runs; the smaller ones
-                // differ only in the number after LIMIT.
+                // The statement of a full batch, the one a busy group runs; the smaller picks and the
+                // catch-up claims of several batches differ only in the number after LIMIT.
                 let text = crate::queue::store::claim_sql(&policy, capped, queue.claim_batch);
                 let group = format!("{strategy:?} {}", policy.name);
                 match claims.iter_mut().find(|(t, _, _)| *t == text) {

@@ -18,7 +18,8 @@ pub fn text(field: &str, value: &str, max: usize) -> Result<(), String> {
 pub(crate) const MAX_LABEL: usize = 128;
 
 /// Largest payload of one job, in bytes of its JSON text, whether enqueued alone or in a batch: a
-/// claim loads up to `claim_batch` payloads at once, so one job must not be able to fill a pod's memory.
+/// claim loads up to four times `claim_batch` payloads at once (see [`crate::queue::catch_up`]), so one
+/// job must not be able to fill a pod's memory.
 pub(crate) const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 /// Deepest nesting of arrays and objects in a payload.
 pub(crate) const MAX_PAYLOAD_DEPTH: usize = 32;

@@ -30,6 +30,9 @@ pub struct QueueSettings {
     pub poll_interval: Duration,
     /// Most jobs one claim statement takes for a group's idle workers.
     pub claim_batch: usize,
+    /// Claim batches a group's next claim may take after a slow full one (see
+    /// [`crate::queue::catch_up`]); 1 never takes more than a batch.
+    pub catch_up_batches: usize,
     /// Lease of a claimed job; must exceed the slowest provider timeout (heartbeats extend it).
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
@@ -78,6 +81,12 @@ fn default_batch_min_bytes_per_second() -> u64 {
 }
 
 impl QueueSettings {
+    /// How many jobs a group's claims take: `claim_batch`, up to `catch_up_batches` of them after a
+    /// slow full claim.
+    pub fn claim_limits(&self) -> crate::queue::catch_up::ClaimLimits {
+        crate::queue::catch_up::ClaimLimits::new(self.claim_batch, self.catch_up_batches)
+    }
+
     /// The groups to run: explicit `[[queue.groups]]`, else the strategy preset (empty groups dropped).
     pub fn group_policies(&self) -> Vec<crate::queue::policy::GroupPolicy> {
         if !self.groups.is_empty() {
@@ -272,6 +281,9 @@ impl QueueSettings {
         }
         if q.max_concurrent_batches == 0 {
             return invalid("queue.max_concurrent_batches".into(), "must be at least 1".into());
+        }
+        if q.catch_up_batches == 0 {
+            return invalid("queue.catch_up_batches".into(), "must be at least 1 (1 never catches up)".into());
         }
         if q.claim_batch == 0 || q.max_batch == 0 {
             return invalid("queue.claim_batch".into(), "claim_batch and max_batch must be at least 1".into());

@@ -17,6 +17,7 @@
 //! - [`runtime`]: classes, providers and the worker groups one instance runs.
 //! - [`policy`]: which group takes which class in which order (shared with the lab and simulator).
 //! - [`worker`]: a worker group — claim, send, fenced finish; one drivable step for tests.
+//! - [`catch_up`]: how many jobs a group's next claim may take (more while claims are slow).
 //! - [`finish`]: batched, fenced `sent` finishes (group commit).
 //! - [`listen`]: the LISTEN relay that wakes idle claimers.
 //! - [`sweep`]: the sweeper — lease rescue, deadline expiry, kept personal data erased, retention purge.
@@ -44,6 +45,7 @@ pub(crate) mod analyze;
 pub(crate) mod batch;
 pub(crate) mod budget;
 pub(crate) mod cancel;
+pub mod catch_up;
 pub(crate) mod dlq;
 pub(crate) mod enqueue;
 pub(crate) mod erase;

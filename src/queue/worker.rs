@@ -76,7 +76,8 @@ pub fn start_all(runtime: &Arc<QueueRuntime>, db: &PgPool, grace: Duration, task
 pub struct WorkerGroup {
     /// Which classes it takes, in which order, with how many workers.
     pub policy: GroupPolicy,
-    /// The claim's pick sizes, up to the claim batch; `claim_sql` has a pair for each.
+    /// The claim's pick sizes, up to its largest catch-up claim ([`crate::queue::catch_up`]);
+    /// `claim_sql` has a pair for each.
     claim_sizes: PickSizes,
     /// For each of those sizes, the claim statement when a tenant cap can bind and when none can.
     claim_sql: Vec<(String, String)>,
@@ -91,7 +92,7 @@ pub struct WorkerGroup {
 impl WorkerGroup {
     /// A group running `policy` on `db` (starts its finish flusher: call within a tokio runtime).
     pub fn new(policy: GroupPolicy, db: PgPool, runtime: Arc<QueueRuntime>) -> Arc<WorkerGroup> {
-        let claim_sizes = PickSizes::up_to(runtime.settings.claim_batch);
+        let claim_sizes = PickSizes::up_to(runtime.settings.claim_limits().largest());
         let claim_sql = claim_sizes
             .sizes()
             .iter()
@@ -404,18 +405,20 @@ impl WorkerGroup {
 }
 
 impl WorkerGroup {
-    /// One claim loop of [`WorkerGroup::start`]: takes free workers, claims that many jobs, hands each
-    /// to a task that sends and finishes it.
+    /// One claim loop of [`WorkerGroup::start`]: takes free workers (up to a claim batch, or more
+    /// after a slow full claim: [`crate::queue::catch_up`]), claims that many jobs, hands each to a task that sends
+    /// and finishes it.
     async fn claim_loop(self: Arc<Self>, stop: CancellationToken) {
         let poll = self.runtime.settings.poll_interval;
-        let batch = self.runtime.settings.claim_batch.max(1);
+        let limits = self.runtime.settings.claim_limits();
+        let mut limit = limits.batch;
         loop {
             let first = tokio::select! {
                 _ = stop.cancelled() => break,
                 p = self.workers.clone().acquire_owned() => p.expect("semaphore never closed"),
             };
             let mut permits = vec![first];
-            while permits.len() < batch {
+            while permits.len() < limit {
                 match self.workers.clone().try_acquire_owned() {
                     Ok(p) => permits.push(p),
                     Err(_) => break,
@@ -429,6 +432,7 @@ impl WorkerGroup {
                 self.wait_for_room(&at_limit, &stop).await;
                 continue;
             }
+            let started = Instant::now();
             let Claimed { jobs, stopped_at, .. } = match self.claim_in_order(permits.len()).await {
                 Ok(claimed) => claimed,
                 Err(e) => {
@@ -436,6 +440,7 @@ impl WorkerGroup {
                     Claimed::default()
                 }
             };
+            limit = limits.next(permits.len(), jobs.len(), started.elapsed());
             if let (true, Some(class)) = (jobs.is_empty(), stopped_at) {
                 // The head of the order waits for its provider: so do the workers.
                 drop(permits);

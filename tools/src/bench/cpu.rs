@@ -120,22 +120,27 @@ impl CpuWatch {
 }
 
 /// The CPU splits of a run's phases as a table: phase, this process (headed `own`), the watched child
-/// (`child`), postgres and pgbench, in cores.
+/// (`child`), postgres and pgbench, in cores. The child's and pgbench's columns are left out when no
+/// phase had one (a refill runs neither).
 pub fn table(own: &str, child: &str, rows: &[(String, CpuSplit)]) -> String {
     let cores = |x: f64| format!("{x:.2}");
+    let with_child = rows.iter().any(|(_, c)| c.child_cores > 0.0);
+    let with_pgbench = rows.iter().any(|(_, c)| c.pgbench_cores > 0.0);
+    let mut header = vec!["phase", own];
+    header.extend(with_child.then_some(child));
+    header.push("postgres");
+    header.extend(with_pgbench.then_some("pgbench"));
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|(phase, c)| {
-            vec![
-                phase.clone(),
-                cores(c.cifpool_cores),
-                cores(c.child_cores),
-                cores(c.postgres_cores),
-                cores(c.pgbench_cores),
-            ]
+            let mut row = vec![phase.clone(), cores(c.cifpool_cores)];
+            row.extend(with_child.then(|| cores(c.child_cores)));
+            row.push(cores(c.postgres_cores));
+            row.extend(with_pgbench.then(|| cores(c.pgbench_cores)));
+            row
         })
         .collect();
-    super::report::table(&["phase", own, child, "postgres", "pgbench"], &rows)
+    super::report::table(&header, &rows)
 }
 
 fn sample(seen: &mut HashMap<u32, (Party, f64, f64)>, initial: bool) {
@@ -219,5 +224,28 @@ mod tests {
         assert!(split.child_cores * split.seconds > 0.1, "{split:?}");
         assert!(split.cifpool_cores < split.child_cores, "the parent only waited: {split:?}");
         assert_eq!(split.pgbench_cores, 0.0, "{split:?}");
+    }
+
+    fn split(child: f64, pgbench: f64) -> CpuSplit {
+        CpuSplit {
+            seconds: 1.0,
+            cifpool_cores: 0.5,
+            child_cores: child,
+            postgres_cores: 0.9,
+            pgbench_cores: pgbench,
+            cores: 2,
+        }
+    }
+
+    #[test]
+    fn the_table_leaves_out_the_parties_no_phase_had() {
+        let refill = table("bench", "-", &[("refill".into(), split(0.0, 0.0)), ("raw COPY".into(), split(0.0, 0.0))]);
+        let header = refill.lines().next().unwrap();
+        assert!(header.contains("postgres") && !header.contains("pgbench") && !header.contains(" -"), "{refill}");
+        let reserve =
+            table("service", "load gen", &[("service".into(), split(0.3, 0.0)), ("raw".into(), split(0.0, 0.2))]);
+        let header = reserve.lines().next().unwrap();
+        assert!(header.contains("load gen") && header.contains("pgbench"), "{reserve}");
+        assert!(reserve.lines().nth(2).unwrap().trim_end().ends_with("0.00"), "the service's pgbench cell: {reserve}");
     }
 }
