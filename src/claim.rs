@@ -105,6 +105,35 @@ pub(crate) struct ClaimSpec<'a> {
     /// row returns one row whose claim columns are all NULL, so the caller learns it either way
     /// (e.g. why the gate stopped).
     pub report: &'a str,
+    /// Whether each claimed row gets a fencing token of its own, or the rows of one claim share one
+    /// drawn once per statement. A fenced write names the row's key with its token, so a shared
+    /// token fences each row as well; a per-row token is for holds whose token is handed to a caller
+    /// as the proof of its hold.
+    pub token: TokenPer,
+    /// Whether the claim's commit waits for its WAL to reach the disk.
+    pub commit: Commit,
+}
+
+/// How many fencing tokens a claim draws.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenPer {
+    /// One for every claimed row.
+    Row,
+    /// One for the whole claim, shared by its rows (a random draw costs the server a few µs a row).
+    Claim,
+}
+
+/// When a claim's commit returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// After its WAL is flushed: a claim the caller has seen survives a crash.
+    Flushed,
+    /// Without waiting for the flush (`synchronous_commit = off` for this transaction only): a crash
+    /// can lose the last claims, whose rows are then claimable again, as after an expired lease. For
+    /// claims whose every outcome is written later by a flushed commit, which flushes the claim's WAL
+    /// before its own; what the claim saves is the wait for the disk while it holds its rows (and any
+    /// lock that orders claims).
+    Unflushed,
 }
 
 /// Which unheld rows a batch transition picks.
@@ -173,12 +202,23 @@ impl ClaimTable {
         } else {
             (format!(", {}", spec.gate), "admitted")
         };
+        let new_token = match spec.token {
+            TokenPer::Row => "gen_random_uuid()",
+            // An uncorrelated sub-select is evaluated once per statement.
+            TokenPer::Claim => "(SELECT gen_random_uuid())",
+        };
+        // A transaction-local setting, read by the commit that ends this statement; evaluated once,
+        // before the first row is written (a claim that writes nothing has no commit to flush).
+        let commit = match spec.commit {
+            Commit::Flushed => "",
+            Commit::Unflushed => " AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'",
+        };
         let update = format!(
             "UPDATE {table} AS t \
-             SET {state} = {held}, {token} = gen_random_uuid(), \
+             SET {state} = {held}, {token} = {new_token}, \
                  {lease} = now() + {lease_seconds}::float8 * interval '1 second'{extra_set} \
              FROM {source} \
-             WHERE ({tkeys}) = ({skeys}) \
+             WHERE ({tkeys}) = ({skeys}){commit} \
              RETURNING {returning}",
             held = spec.held,
             returning = spec.returning,
@@ -387,6 +427,8 @@ mod tests {
                 carry: "",
                 gate: "",
                 report: "",
+                token: TokenPer::Row,
+                commit: Commit::Flushed,
             },
             "$1",
             "$2",
@@ -396,6 +438,22 @@ mod tests {
         {
             assert!(sql.contains(clause), "{clause} missing from {sql}");
         }
+        assert!(!sql.contains("synchronous_commit"), "{sql}");
+    }
+
+    #[test]
+    fn a_claim_may_share_one_token_among_its_rows_and_commit_without_waiting_for_the_flush() {
+        let spec = ClaimSpec { token: TokenPer::Claim, commit: Commit::Unflushed, ..by_id("TRUE", "") };
+        let sql = T.claim_at_most_sql(&spec, 8);
+        assert!(sql.contains("token = (SELECT gen_random_uuid())"), "{sql}");
+        assert!(
+            sql.contains(
+                "WHERE (t.id) = (picked.id) AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
+            ),
+            "{sql}"
+        );
+        let per_row = T.claim_at_most_sql(&by_id("TRUE", ""), 8);
+        assert!(per_row.contains("token = gen_random_uuid()") && !per_row.contains("set_config"), "{per_row}");
     }
 
     /// A claim of pending jobs in id order returning their ids, with `filter` and `gate`.
@@ -410,6 +468,8 @@ mod tests {
             carry: "",
             gate,
             report: "",
+            token: TokenPer::Row,
+            commit: Commit::Flushed,
         }
     }
 

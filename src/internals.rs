@@ -37,7 +37,7 @@ pub mod fence {
 
 /// The jobs table's hot path and sweeps, one statement at a time.
 pub mod queue_store {
-    pub use crate::claim::PickSizes;
+    pub use crate::claim::{Commit, PickSizes};
     pub use crate::queue::store::{
         ClaimClass, Claimed, ClaimedJob, Purge, claim, claim_sql, erase_due, expire_overdue, mark_sent, mark_sent_many,
         purge_finished, rescue_expired_leases,

@@ -51,7 +51,7 @@ pub fn catalog() -> Vec<Statement> {
             for capped in [true, false] {
                 // The statement of a full batch, the one a busy group runs; the smaller picks and the
                 // catch-up claims of several batches differ only in the number after LIMIT.
-                let text = crate::queue::store::claim_sql(&policy, capped, queue.claim_batch);
+                let text = crate::queue::store::claim_sql(&policy, capped, queue.claim_batch, queue.claim_commit());
                 let group = format!("{strategy:?} {}", policy.name);
                 match claims.iter_mut().find(|(t, _, _)| *t == text) {
                     Some((_, _, groups)) => groups.push(group),

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::audit::{Actor, Columns, action, audited, insert_from};
 use crate::cif::Pool;
-use crate::claim::{ClaimSpec, ClaimTable, PickSizes};
+use crate::claim::{ClaimSpec, ClaimTable, Commit, PickSizes, TokenPer};
 
 pub(crate) mod hold;
 
@@ -51,6 +51,10 @@ fn claim_codes(size: usize, set: &str, returning: &str, gate: &str) -> String {
             carry: "",
             gate,
             report: "",
+            // A hold's token is its holder's proof of it, and a reservation handed out must outlive
+            // a crash.
+            token: TokenPer::Row,
+            commit: Commit::Flushed,
         },
         size,
     )

@@ -33,6 +33,11 @@ pub struct QueueSettings {
     /// Claim batches a group's next claim may take after a slow full one (see
     /// [`crate::queue::catch_up`]); 1 never takes more than a batch.
     pub catch_up_batches: usize,
+    /// Whether a claim's commit waits for its WAL to be flushed (and, with synchronous replication, to
+    /// reach a standby). Off by default: a claim lost in a crash of the database leaves its jobs
+    /// pending, to be sent again under the same idempotency key (see [`crate::claim::Commit`]).
+    #[serde(default)]
+    pub durable_claims: bool,
     /// Lease of a claimed job; must exceed the slowest provider timeout (heartbeats extend it).
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
@@ -85,6 +90,11 @@ impl QueueSettings {
     /// slow full claim.
     pub fn claim_limits(&self) -> crate::queue::catch_up::ClaimLimits {
         crate::queue::catch_up::ClaimLimits::new(self.claim_batch, self.catch_up_batches)
+    }
+
+    /// How a group's claims commit (`durable_claims`).
+    pub fn claim_commit(&self) -> crate::claim::Commit {
+        if self.durable_claims { crate::claim::Commit::Flushed } else { crate::claim::Commit::Unflushed }
     }
 
     /// The groups to run: explicit `[[queue.groups]]`, else the strategy preset (empty groups dropped).

@@ -99,7 +99,10 @@ impl WorkerGroup {
         let claim_sql = claim_sizes
             .sizes()
             .iter()
-            .map(|&size| (store::claim_sql(&policy, true, size), store::claim_sql(&policy, false, size)))
+            .map(|&size| {
+                let commit = runtime.settings.claim_commit();
+                (store::claim_sql(&policy, true, size, commit), store::claim_sql(&policy, false, size, commit))
+            })
             .collect();
         let workers = Arc::new(Semaphore::new(policy.size));
         let finisher = Finisher::start(db.clone());

@@ -6,7 +6,8 @@ use crate::common;
 
 use std::time::Duration;
 
-use cifpool::internals::queue_store::{self as store, ClaimClass};
+use cifpool::cif::Fenced;
+use cifpool::internals::queue_store::{self as store, ClaimClass, Commit};
 use cifpool::queue::policy::{ClaimOrder, GroupPolicy, JobKey};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -72,7 +73,7 @@ async fn both_orders(db: &PgPool, order: ClaimOrder, capped: bool, jobs: &[(i16,
     let classes: Vec<ClaimClass> = (0..4).map(|p| class(p, "p", i32::MAX, capped)).collect();
     let policy = policy(order, &classes);
     // One job a claim, from a statement that picks four: the one it takes is still the first in order.
-    let sql = store::claim_sql(&policy, capped, 4);
+    let sql = store::claim_sql(&policy, capped, 4, Commit::Unflushed);
     let mut claimed = Vec::new();
     loop {
         let got = store::claim(db, &sql, 1, Duration::from_secs(60), &classes, &test_seal()).await.unwrap();
@@ -122,7 +123,7 @@ async fn room_gate(
     let policy = policy(order, &classes);
     let got = store::claim(
         db,
-        &store::claim_sql(&policy, capped, 8),
+        &store::claim_sql(&policy, capped, 8, Commit::Unflushed),
         wanted,
         Duration::from_secs(60),
         &classes,
@@ -188,4 +189,44 @@ fn order_columns_render_the_claim_index() {
 /// The rows here are written in clear, as jobs stored before sealing are: the seal only opens sealed ones.
 fn test_seal() -> cifpool::internals::seal::Seal {
     cifpool::internals::seal::Seal::new(&crate::common::test_master_key(), "test", true)
+}
+
+/// The jobs of one claim share the token drawn for it, and each fenced finish still lands on its own
+/// job only. The claim's unflushed commit is its own: the pooled connection it ran on commits its
+/// next statement flushed again (a reservation may be the next to use it).
+#[tokio::test]
+async fn a_claims_jobs_share_its_token_and_its_unflushed_commit_stays_with_it() {
+    let db = common::fresh_database().await;
+    let one = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.url).await.unwrap();
+    insert_jobs(&one, &[(0, 1.0), (0, 2.0), (0, 3.0)]).await;
+    let classes = [class(0, "p", 8, true)];
+    let policy = policy(ClaimOrder::Priority, &classes);
+    // The test cluster runs with synchronous_commit off: this session commits flushed, as in production.
+    sqlx::query("SET synchronous_commit = on").execute(&one).await.unwrap();
+    for (capped, commit) in [(true, Commit::Flushed), (true, Commit::Unflushed), (false, Commit::Unflushed)] {
+        sqlx::query("UPDATE notification_jobs SET status = 'pending', payload = '{}', lease_token = NULL, lease_expires_at = NULL")
+            .execute(&one)
+            .await
+            .unwrap();
+        let sql = store::claim_sql(&policy, capped, 4, commit);
+        assert_eq!(sql.contains("synchronous_commit"), commit == Commit::Unflushed, "{sql}");
+        let got = store::claim(&one, &sql, 3, Duration::from_secs(60), &classes, &test_seal()).await.unwrap();
+        assert_eq!(got.jobs.len(), 3, "{:?} {:?}", got.stopped_at, got.unreadable);
+        assert!(got.jobs.iter().all(|j| j.token == got.jobs[0].token), "one token for the claim");
+        let after: String = sqlx::query_scalar("SHOW synchronous_commit").fetch_one(&one).await.unwrap();
+        assert_eq!(after, "on", "the claim's setting outlived its transaction");
+
+        let (first, others) = got.jobs.split_first().unwrap();
+        assert_eq!(store::mark_sent(&one, first, "p", None).await.unwrap(), Fenced::Done);
+        let states: Vec<(i64, String)> =
+            sqlx::query_as("SELECT id, status FROM notification_jobs ORDER BY id").fetch_all(&one).await.unwrap();
+        for (id, status) in states {
+            let want = if id == first.id { "sent" } else { "sending" };
+            assert_eq!(status, want, "job {id} after finishing job {} with the shared token", first.id);
+        }
+        assert_eq!(store::mark_sent(&one, first, "p", None).await.unwrap(), Fenced::LeaseLost, "finished once");
+        for job in others {
+            assert_eq!(store::mark_sent(&one, job, "p", None).await.unwrap(), Fenced::Done);
+        }
+    }
 }

@@ -69,7 +69,7 @@ async fn reservations_reuse_one_plan_of_their_claim() {
 /// claim of a drain was planned afresh (~1.3 ms of server CPU each).
 #[tokio::test]
 async fn queue_claims_reuse_one_plan_per_pick_size() {
-    use cifpool::internals::queue_store::{ClaimClass, PickSizes, claim, claim_sql};
+    use cifpool::internals::queue_store::{ClaimClass, Commit, PickSizes, claim, claim_sql};
     use cifpool::internals::seal::Seal;
     use cifpool::queue::policy::{ClaimOrder, GroupPolicy};
     let db = fresh_database().await;
@@ -100,7 +100,7 @@ async fn queue_claims_reuse_one_plan_per_pick_size() {
             order: ClaimOrder::Priority,
         };
         let sizes = PickSizes::up_to(256);
-        let sql = claim_sql(&policy, capped, sizes.sizes()[sizes.index_for(5)]);
+        let sql = claim_sql(&policy, capped, sizes.sizes()[sizes.index_for(5)], Commit::Unflushed);
         assert!(sql.contains("LIMIT 8 FOR UPDATE SKIP LOCKED"), "{sql}");
         for n in (5..=8).cycle().take(12) {
             let got = claim(&one, &sql, n, std::time::Duration::from_secs(60), std::slice::from_ref(&class), &seal)
@@ -196,7 +196,7 @@ async fn burst_after_a_quiet_analyze(db: &sqlx::PgPool, burst: i32) {
 /// Heap rows of `notification_jobs` read by one claim of 64 promo jobs (the shared group's
 /// statement, with the tenant cap's gate or without), rolled back.
 async fn rows_one_claim_reads(db: &sqlx::PgPool, capped: bool) -> i64 {
-    use cifpool::internals::queue_store::{ClaimClass, claim_sql};
+    use cifpool::internals::queue_store::{ClaimClass, Commit, claim_sql};
     use cifpool::queue::policy::{ClaimOrder, GroupPolicy};
     let class = ClaimClass {
         name: "promo".into(),
@@ -210,7 +210,7 @@ async fn rows_one_claim_reads(db: &sqlx::PgPool, capped: bool) -> i64 {
         GroupPolicy { name: "shared".into(), size: 1, classes: vec![class.name.clone()], order: ClaimOrder::Priority };
     let mut tx = db.begin().await.unwrap();
     let before = rows_read(&mut tx).await;
-    let claimed: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(claim_sql(&policy, capped, 64)))
+    let claimed: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(claim_sql(&policy, capped, 64, Commit::Unflushed)))
         .bind(64_i64)
         .bind(30.0)
         .bind(vec![class.name.as_str()])

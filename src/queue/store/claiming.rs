@@ -7,7 +7,7 @@ use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
 use super::{CLAIMABLE, ClaimedJob, JOBS, SENDING, mark_final_fenced};
-use crate::claim::{ClaimSpec, Fenced};
+use crate::claim::{ClaimSpec, Commit, Fenced, TokenPer};
 use crate::queue::policy::GroupPolicy;
 use crate::queue::seal::Seal;
 use crate::queue::status::JobStatus;
@@ -48,6 +48,15 @@ use crate::queue::status::JobStatus;
 /// of them (holding up its finish until this claim commits) only to find it claimed (migration 14).
 /// A tenant at its cap is stepped over: waiting for it is what the cap is for.
 ///
+/// The claim's jobs share one fencing token, drawn once ([`TokenPer::Claim`]): each fenced write names
+/// the job's id with it. Unless `queue.durable_claims` is set, the claim commits without waiting for
+/// its WAL flush ([`Commit::Unflushed`]): claims of a capped class hold its lock through their commit,
+/// so the wait for the disk was part of every claim's turn, and the drain's pace is one claim after
+/// another. A crash of the database can lose the last claims: their jobs are pending again, to be
+/// claimed and sent again as after a lease lost with its pod (at-least-once either way; the attempt
+/// lost with the claim is not counted). A job's outcome is written by a flushed commit, which flushes
+/// its claim's WAL first.
+///
 /// With `capped` false (no class of the claim has a cap that can bind: see [`cap_can_bind`]), the
 /// statement leaves the caps out: no in-flight count, no tenant gate.
 ///
@@ -57,7 +66,7 @@ use crate::queue::status::JobStatus;
 /// A caller keeps one statement per size ([`PickSizes`](crate::claim::PickSizes)) and runs the
 /// smallest that covers the jobs it wants; the rows picked beyond `$1` are locked until the claim
 /// commits and left as they were.
-pub fn claim_sql(policy: &GroupPolicy, capped: bool, pick: usize) -> String {
+pub fn claim_sql(policy: &GroupPolicy, capped: bool, pick: usize, commit: Commit) -> String {
     let order = policy.order.sql_order_by();
     // Counts each provider's jobs in claim order and stops at the first job past its provider's room.
     let room_gate = |source: &str| {
@@ -86,6 +95,8 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool, pick: usize) -> String {
                 carry: ", class, priority, fair_key",
                 gate: &room_gate("picked"),
                 report: REPORT,
+                token: TokenPer::Claim,
+                commit,
             },
             pick,
         );
@@ -117,6 +128,8 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool, pick: usize) -> String {
             carry: ", tenant, class, priority, fair_key",
             gate: &gate,
             report: REPORT,
+            token: TokenPer::Claim,
+            commit,
         },
         pick,
     );

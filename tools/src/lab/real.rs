@@ -221,6 +221,7 @@ fn lab_queue(opts: &LabOptions, strategy: Strategy, sms_url: &str, push_url: &st
         poll_interval: Duration::from_millis(50),
         claim_batch: 1,
         catch_up_batches: 1,
+        durable_claims: false,
         lease: Duration::from_secs(60),
         sweep_schedule: "*/5 * * * * *".into(),
         overload: cifpool::config::OverloadMode::Reject,
