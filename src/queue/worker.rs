@@ -186,13 +186,15 @@ impl WorkerGroup {
         let sql = if classes.iter().any(|c| c.cap_binds) { capped } else { uncapped };
         let started = Instant::now();
         let claimed = store::claim(&self.db, sql, limit, lease, &classes, &self.runtime.seal).await;
-        // Timed with the opening of its rows. A group's claims run one after another where a tenant cap
-        // can bind (the class's claim lock): their time per second is how close its claiming is to its
-        // ceiling.
+        // Timed with the opening of its rows (a failed claim too). A group's claims run one after
+        // another where a tenant cap can bind (the class's claim lock): their time per second is how
+        // close its claiming is to its ceiling.
+        let lasted = started.elapsed();
         let group = self.policy.name.clone();
         metrics::histogram!("cifpool_queue_claim_duration_seconds", "group" => group.clone())
-            .record(started.elapsed().as_secs_f64());
+            .record(lasted.as_secs_f64());
         let mut claimed = claimed?;
+        claimed.lasted = lasted;
         metrics::histogram!("cifpool_queue_claim_size", "group" => group).record(claimed.jobs.len() as f64);
         // A row nobody can read must not hold up the rest of its batch, nor come back after its lease.
         for job in std::mem::take(&mut claimed.unreadable) {

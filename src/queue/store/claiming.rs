@@ -180,6 +180,9 @@ pub struct Claimed {
     pub stopped_at: Option<String>,
     /// Claimed rows that could not be read: the caller dead-letters them ([`mark_unreadable`]).
     pub unreadable: Vec<Unreadable>,
+    /// How long the claim statement took, its rows opened included (zero when none ran): what the
+    /// group's claim histogram records and what tells the claim loop that claims are slow.
+    pub lasted: std::time::Duration,
 }
 
 /// Claims up to `limit` jobs of `classes` with a prepared [`claim_sql`] statement, one autocommit

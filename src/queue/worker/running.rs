@@ -2,7 +2,7 @@
 //! shutdown, which waits for the sends in flight and hands back what outlives the grace period.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -62,15 +62,14 @@ impl WorkerGroup {
                 self.wait_for_room(&at_limit, &stop).await;
                 continue;
             }
-            let started = Instant::now();
-            let Claimed { jobs, stopped_at, .. } = match self.claim_in_order(permits.len()).await {
+            let Claimed { jobs, stopped_at, lasted, .. } = match self.claim_in_order(permits.len()).await {
                 Ok(claimed) => claimed,
                 Err(e) => {
                     tracing::warn!(group = %self.policy.name, error = %e, "claim failed");
                     Claimed::default()
                 }
             };
-            limit = limits.next(permits.len(), jobs.len(), started.elapsed());
+            limit = limits.next(permits.len(), jobs.len(), lasted);
             if let (true, Some(class)) = (jobs.is_empty(), stopped_at) {
                 // The head of the order waits for its provider: so do the workers.
                 drop(permits);
