@@ -11,7 +11,7 @@
 //!   perhaps claimed by someone else — and the caller must not act as the owner ([`Fenced::LeaseLost`]).
 //! - **sweep**: held rows whose lease has expired go back to a free state with their token wiped, in
 //!   bounded batches that skip rows a live holder is touching right now.
-//! - **batch transition**: rows nobody holds (waiting, finished, dead) move to another state or are
+//! - **batch transition** (`batch`): rows nobody holds (waiting, finished, dead) move to another state or are
 //!   deleted, in bounded batches that skip rows another transaction has locked (a claim, a finish), so
 //!   maintenance never waits on the hot path and the hot path never waits on maintenance.
 //!
@@ -26,7 +26,9 @@
 //! migration 5.)
 //!
 //! Tokens are random UUIDs (`gen_random_uuid()`), not a sequence: the CIF API hands them to clients as
-//! reservation capabilities, and a guessable one would let a pod release another pod's hold.
+//! reservation capabilities, and a guessable one would let a pod release another pod's hold. A claim
+//! whose tokens never leave the service (the queue's) may draw one for all its rows
+//! ([`TokenPer::Claim`]); a fenced write names the row's key with the token either way.
 //!
 //! Parameter numbering: a claim with its limit written in, [`ClaimTable::claim_at_most_sql`], binds
 //! `$1` = lease seconds; one that picks more than it wants, [`ClaimTable::claim_picking_at_most_sql`],
@@ -63,6 +65,10 @@ impl PickSizes {
         self.0.iter().position(|&size| size >= n).unwrap_or(self.0.len() - 1)
     }
 }
+
+mod batch;
+
+pub use batch::Pick;
 
 /// Describes a claimable table.
 #[derive(Debug, Clone, Copy)]
@@ -134,17 +140,6 @@ pub enum Commit {
     /// before its own; what the claim saves is the wait for the disk while it holds its rows (and any
     /// lock that orders claims).
     Unflushed,
-}
-
-/// Which unheld rows a batch transition picks.
-#[derive(Debug, Clone, Copy)]
-pub struct Pick<'a> {
-    /// SQL literal(s) of the states the rows are in, e.g. `'dead'`.
-    pub from: &'a str,
-    /// Extra predicate (`TRUE` for none), may use `$2…`.
-    pub filter: &'a str,
-    /// `ORDER BY` list deciding which rows a batch takes first; `None` takes any (cheapest).
-    pub order_by: Option<&'a str>,
 }
 
 /// What a fenced write found.
@@ -328,69 +323,6 @@ impl ClaimTable {
     }
 }
 
-impl ClaimTable {
-    fn pick_cte(&self, pick: &Pick<'_>) -> String {
-        let ClaimTable { table, state, .. } = *self;
-        let keys = self.key.join(", ");
-        let order = pick.order_by.map(|o| format!("ORDER BY {o} ")).unwrap_or_default();
-        format!(
-            "picked AS ( \
-                SELECT {keys} FROM {table} \
-                WHERE {state} IN ({from}) AND ({filter}) \
-                {order}LIMIT $1 \
-                FOR UPDATE SKIP LOCKED \
-             )",
-            from = pick.from,
-            filter = pick.filter,
-        )
-    }
-
-    /// Updates up to `$1` picked rows. `set` may use `t.` (the row) and `picked.position`, the row's
-    /// 0-based rank in this batch by key (to spread the rows out, e.g. over time). Binds: `$1` batch
-    /// limit (`int8`), then the caller's from `$2`.
-    pub(crate) fn update_picked_sql(&self, pick: &Pick<'_>, set: &str, returning: &str) -> String {
-        let table = self.table;
-        let keys = self.key.join(", ");
-        // Window functions cannot share a SELECT with FOR UPDATE: number the locked rows apart.
-        format!(
-            "WITH {picked}, numbered AS ( \
-                SELECT {keys}, row_number() OVER (ORDER BY {keys}) - 1 AS position FROM picked \
-             ) \
-             UPDATE {table} AS t SET {set} \
-             FROM numbered AS picked \
-             WHERE ({tkeys}) = ({pkeys}) \
-             RETURNING {returning}",
-            picked = self.pick_cte(pick),
-            tkeys = self.key_list("t"),
-            pkeys = self.key_list("picked"),
-        )
-    }
-
-    /// Locks up to `$1` picked rows for the caller's transaction and returns `columns` of each (`t.` is
-    /// the row), in the pick's order: for a transition the caller computes row by row before it writes
-    /// it in the same transaction. Binds: `$1` batch limit (`int8`), then the caller's from `$2`.
-    pub(crate) fn lock_picked_sql(&self, pick: &Pick<'_>, columns: &str) -> String {
-        let table = self.table;
-        let order = pick.order_by.map(|o| format!(" ORDER BY {o}")).unwrap_or_default();
-        format!(
-            "WITH {picked} SELECT {columns} FROM {table} AS t JOIN picked USING ({keys}){order}",
-            picked = self.pick_cte(pick),
-            keys = self.key.join(", "),
-        )
-    }
-
-    /// Deletes up to `$1` picked rows. Binds: `$1` batch limit (`int8`), then the caller's from `$2`.
-    pub(crate) fn delete_picked_sql(&self, pick: &Pick<'_>) -> String {
-        let table = self.table;
-        format!(
-            "WITH {picked} DELETE FROM {table} AS t USING picked WHERE ({tkeys}) = ({pkeys})",
-            picked = self.pick_cte(pick),
-            tkeys = self.key_list("t"),
-            pkeys = self.key_list("picked"),
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -509,18 +441,5 @@ mod tests {
         assert!(many.contains("WHERE (t.id) = (f.id) AND t.status = 'sending' AND t.token = f.token"), "{many}");
         assert_eq!(Fenced::from_rows(0), Fenced::LeaseLost);
         assert_eq!(Fenced::from_rows(1), Fenced::Done);
-    }
-
-    #[test]
-    fn batch_transitions_skip_locked_rows_and_number_the_batch() {
-        let pick = Pick { from: "'dead'", filter: "tenant = $2", order_by: Some("id") };
-        let update = T.update_picked_sql(&pick, "status = 'pending', n = picked.position", "t.id");
-        for clause in ["WHERE status IN ('dead') AND (tenant = $2)", "ORDER BY id LIMIT $1", "FOR UPDATE SKIP LOCKED"] {
-            assert!(update.contains(clause), "{clause} missing from {update}");
-        }
-        assert!(update.contains("row_number() OVER (ORDER BY id) - 1 AS position"), "{update}");
-        let delete = T.delete_picked_sql(&Pick { order_by: None, ..pick });
-        assert!(delete.contains("LIMIT $1 FOR UPDATE SKIP LOCKED"), "{delete}");
-        assert!(delete.contains("DELETE FROM jobs AS t USING picked WHERE (t.id) = (picked.id)"), "{delete}");
     }
 }
