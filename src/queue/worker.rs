@@ -96,11 +96,11 @@ impl WorkerGroup {
     /// A group running `policy` on `db` (starts its finish flusher: call within a tokio runtime).
     pub fn new(policy: GroupPolicy, db: PgPool, runtime: Arc<QueueRuntime>) -> Arc<WorkerGroup> {
         let claim_sizes = PickSizes::up_to(runtime.settings.claim_limits().largest());
+        let commit = runtime.settings.claim_commit();
         let claim_sql = claim_sizes
             .sizes()
             .iter()
             .map(|&size| {
-                let commit = runtime.settings.claim_commit();
                 (store::claim_sql(&policy, true, size, commit), store::claim_sql(&policy, false, size, commit))
             })
             .collect();
