@@ -102,6 +102,7 @@ impl ProviderBudget {
                 s.successes += successes;
                 s.overloads += overloads;
                 s.stalled = true;
+                self.publish(&s);
                 Err(e)
             }
         }
