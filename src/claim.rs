@@ -327,7 +327,8 @@ impl ClaimTable {
 mod tests {
     use super::*;
 
-    const T: ClaimTable =
+    /// The table the statement tests of this module and its submodules build on.
+    pub(super) const T: ClaimTable =
         ClaimTable { table: "jobs", key: &["id"], state: "status", token: "token", lease: "lease_expires_at" };
 
     #[test]

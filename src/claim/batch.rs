@@ -81,9 +81,7 @@ impl ClaimTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const T: ClaimTable =
-        ClaimTable { table: "jobs", key: &["id"], state: "status", token: "token", lease: "lease_expires_at" };
+    use crate::claim::tests::T;
 
     #[test]
     fn batch_transitions_skip_locked_rows_and_number_the_batch() {

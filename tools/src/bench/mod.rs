@@ -444,7 +444,16 @@ pub(crate) async fn start_service(connect: &PgConnectOptions, settings: Settings
 }
 
 /// The per-key request limit of the services the benches start, far above any rate measured.
-pub(crate) const PER_KEY_LIMIT: u32 = 1_000_000;
+const PER_KEY_LIMIT: u32 = 1_000_000;
+
+/// The per-key request limit a bench's service runs with: the configured one raised to
+/// [`PER_KEY_LIMIT`], or none where none is configured (0).
+pub(crate) fn per_key_limit(settings: &Settings) -> u32 {
+    match settings.security.requests_per_second_per_key {
+        0 => 0,
+        configured => configured.max(PER_KEY_LIMIT),
+    }
+}
 
 /// [`start_service`] before it is spawned, for runs that adjust it first.
 pub(crate) async fn build_service(connect: &PgConnectOptions, mut settings: Settings) -> anyhow::Result<Application> {
@@ -453,7 +462,7 @@ pub(crate) async fn build_service(connect: &PgConnectOptions, mut settings: Sett
     // Every client of a run sends the one key of `client`, and on a fast machine a run's clients
     // together outran the default per-key limit (5,000 requests a second): the limit, not the path
     // measured, set the figures. The limiter still runs on every request.
-    settings.security.requests_per_second_per_key = settings.security.requests_per_second_per_key.max(PER_KEY_LIMIT);
+    settings.security.requests_per_second_per_key = per_key_limit(&settings);
     let db = Database::external(&settings.database, connect.clone());
     Application::build_with(settings, db, MASTER.get_or_init(cifpool::keys::MasterKey::generate))
         .await
@@ -495,4 +504,19 @@ pub(crate) fn scratch_dir(dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
     // Absolute: pgbench and the peer's node run their scripts from other working directories.
     std::path::absolute(&path).with_context(|| format!("resolving {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bench_raises_the_per_key_limit_and_keeps_none_as_none() {
+        let mut settings = Settings::load_with_env(None, Vec::new()).expect("the shipped defaults load");
+        assert_eq!(per_key_limit(&settings), PER_KEY_LIMIT);
+        settings.security.requests_per_second_per_key = 0;
+        assert_eq!(per_key_limit(&settings), 0);
+        settings.security.requests_per_second_per_key = 2 * PER_KEY_LIMIT;
+        assert_eq!(per_key_limit(&settings), 2 * PER_KEY_LIMIT);
+    }
 }

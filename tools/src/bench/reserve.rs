@@ -6,7 +6,7 @@
 //! - The service runs in-process (the real [`cifpool::startup::Application`], its configured database pool size and
 //!   timeouts) on a bench pool (`bench`, the default `individual` format under prefix 7) whose own
 //!   refill never triggers during a level; the queue workers are off; its per-key request limit
-//!   (`security.requests_per_second_per_key`) is raised to a million a second, so that the limit does not
+//!   (`security.requests_per_second_per_key`) is raised to a million a second ([`super::per_key_limit`]), so that the limit does not
 //!   set the figure (it still runs on every request). The load generator is a reqwest
 //!   client (keep-alive connection pool) with one tokio task per concurrent client, closed loop, in a
 //!   child process of its own ([`super::loadgen`]), so the CPU split tells the service, the load
@@ -403,7 +403,7 @@ pub async fn run(
         "raw": opts.raw,
         "raw_method": raw_method.as_ref().map(RawMethod::name),
         "pool": { "name": POOL, "digits": 9, "check": "damm", "prefix": "7" },
-        "service_requests_per_second_per_key": super::PER_KEY_LIMIT,
+        "service_requests_per_second_per_key": super::per_key_limit(settings),
         "service_database_max_connections": db_settings.max_connections,
         "service_database_acquire_timeout_ms": db_settings.acquire_timeout.as_millis() as u64,
         "client": match &opts.load {
