@@ -12,7 +12,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::claim::Pick;
-use crate::queue::enqueue::reserve_fair_keys;
+use crate::queue::enqueue::{KeysWanted, reserve_fair_keys, weight};
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
 use crate::queue::store::JOBS;
@@ -60,12 +60,21 @@ async fn promote_batch(db: &PgPool, rt: &QueueRuntime) -> Result<u64, sqlx::Erro
         groups.entry((*priority, tenant.as_str())).or_default().push(i);
     }
     let mut keys = vec![0.0f64; due.len()];
+    // One reservation per priority, for all its tenants (in the map's order, sorted by tenant).
+    let mut by_priority: BTreeMap<i16, Vec<(&str, &Vec<usize>)>> = BTreeMap::new();
     for ((priority, tenant), members) in &groups {
-        let weight = rt.settings.tenant_weights.get(*tenant).copied().unwrap_or(1.0);
-        let (first, step) =
-            reserve_fair_keys(&mut tx, &rt.due_fronts, *priority, tenant, members.len(), weight).await?;
-        for (n, &i) in members.iter().enumerate() {
-            keys[i] = first + step * n as f64;
+        by_priority.entry(*priority).or_default().push((tenant, members));
+    }
+    for (priority, tenants) in by_priority {
+        let wanted: Vec<KeysWanted> = tenants
+            .iter()
+            .map(|(tenant, members)| KeysWanted { tenant, count: members.len(), weight: weight(rt, tenant) })
+            .collect();
+        let reserved = reserve_fair_keys(&mut tx, &rt.due_fronts, priority, &wanted).await?;
+        for ((_, members), (first, step)) in tenants.into_iter().zip(reserved) {
+            for (n, &i) in members.iter().enumerate() {
+                keys[i] = first + step * n as f64;
+            }
         }
     }
     let ids: Vec<i64> = due.iter().map(|d| d.0).collect();

@@ -230,10 +230,11 @@ async fn rows_one_claim_reads(db: &sqlx::PgPool, capped: bool) -> i64 {
 
 /// Heap rows of `notification_jobs` read by intake's look for the due front of priority 2, rolled back.
 async fn rows_the_due_front_reads(db: &sqlx::PgPool) -> i64 {
-    use cifpool::internals::enqueue::{DueFronts, reserve_fair_keys};
+    use cifpool::internals::enqueue::{DueFronts, KeysWanted, reserve_fair_keys};
     let mut tx = db.begin().await.unwrap();
     let before = rows_read(&mut tx).await;
-    let (first, _) = reserve_fair_keys(&mut tx, &DueFronts::default(), 2, "newcomer", 1, 1.0).await.unwrap();
+    let wanted = KeysWanted { tenant: "newcomer", count: 1, weight: 1.0 };
+    let (first, _) = reserve_fair_keys(&mut tx, &DueFronts::default(), 2, &[wanted]).await.unwrap()[0];
     assert_eq!(first, 2.0, "one step past the front (1)");
     let read = rows_read(&mut tx).await - before;
     tx.rollback().await.unwrap();
@@ -335,4 +336,94 @@ async fn a_backlog_beside_another_class_s_history_is_not_analyzed_again() {
     let (rt, stats) = (app.state.notifications.runtime(), app.state.notifications.stats());
     assert_eq!(stats.refresh_now(&db.pool, rt).await.unwrap(), None);
     app.stop().await;
+}
+
+/// Entries of the claim index (`notification_jobs_claim_priority`) handed out by its scans so far,
+/// dead ones included, as the statistics count them once this session's own are flushed.
+async fn claim_index_entries_read(conn: &mut sqlx::PgConnection) -> i64 {
+    // The session flushes its counts when it goes idle after this statement.
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.unwrap();
+    sqlx::query_scalar(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'notification_jobs_claim_priority'",
+    )
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+/// Reserves one key for `tenant` at priority 2 in its own transaction on `conn`: its first key and
+/// the claim index's entries the look for the front read.
+async fn one_key(
+    conn: &mut sqlx::PgConnection,
+    fronts: &cifpool::internals::enqueue::DueFronts,
+    tenant: &str,
+) -> (f64, i64) {
+    use cifpool::internals::enqueue::{KeysWanted, reserve_fair_keys};
+    use sqlx::Connection;
+    let before = claim_index_entries_read(conn).await;
+    let mut tx = conn.begin().await.unwrap();
+    let wanted = KeysWanted { tenant, count: 1, weight: 1.0 };
+    let (first, _) = reserve_fair_keys(&mut tx, fronts, 2, &[wanted]).await.unwrap()[0];
+    tx.commit().await.unwrap();
+    (first, claim_index_entries_read(conn).await - before)
+}
+
+/// While a snapshot is held, the entries of claimed jobs stay in the claim index. Once the queue has
+/// drained, intake's first look for the due front walks them and finds no due job; the front is then
+/// the highest key this instance handed out, and the next look starts above them (it walked all of
+/// them again, at every batch, until the snapshot went).
+#[tokio::test]
+async fn intake_walks_a_drained_queue_once_while_a_snapshot_is_held() {
+    use cifpool::internals::enqueue::{DueFronts, KeysWanted, reserve_fair_keys};
+    use sqlx::Connection;
+    let db = fresh_database().await;
+    let fronts = DueFronts::default();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    let wanted = KeysWanted { tenant: "t", count: 2_000, weight: 1.0 };
+    assert_eq!(reserve_fair_keys(&mut tx, &fronts, 2, &[wanted]).await.unwrap(), [(1.0, 1.0)]);
+    sqlx::query(
+        "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts, status) \
+         SELECT 'promo', 2, 't', g, 'device', '{}', 5, 'pending' FROM generate_series(1, 2000) AS g",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    // An analyst's session keeps a snapshot in which the 2,000 jobs still wait; then they are all sent.
+    let mut analyst = db.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *analyst).await.unwrap();
+    sqlx::query("SELECT 1 FROM notification_jobs LIMIT 1").execute(&mut *analyst).await.unwrap();
+    sqlx::query("UPDATE notification_jobs SET status = 'sent', finished_at = now()").execute(&mut *conn).await.unwrap();
+
+    let (first_a, walked) = one_key(&mut conn, &fronts, "a").await;
+    assert!(walked >= 2_000, "the first look after the drain walks the sent jobs' entries ({walked})");
+    assert_eq!(first_a, 2_001.0, "a newcomer to the drained queue starts after the last key handed out");
+    let (first_b, walked) = one_key(&mut conn, &fronts, "b").await;
+    assert!(walked <= 5, "the next look read {walked} entries");
+    assert_eq!(first_b, 2_002.0);
+    analyst.rollback().await.unwrap();
+}
+
+/// One reservation serves the tenants of a batch: each gets its own run of keys at its weight, from
+/// the same front, and the answers come back in the order asked, whatever the order the clocks are
+/// locked in.
+#[tokio::test]
+async fn one_reservation_keys_every_tenant_of_a_batch() {
+    use cifpool::internals::enqueue::{DueFronts, KeysWanted, reserve_fair_keys};
+    let db = fresh_database().await;
+    let fronts = DueFronts::default();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let wanted = |tenant, count, weight| KeysWanted { tenant, count, weight };
+    let keys = reserve_fair_keys(&mut conn, &fronts, 2, &[wanted("zed", 3, 1.0), wanted("amy", 2, 2.0)]).await.unwrap();
+    assert_eq!(keys, [(1.0, 1.0), (0.5, 0.5)], "zed takes 1, 2, 3; amy 0.5, 1");
+    // Nothing was inserted, so no job is due: the front is the highest key handed out, 3.
+    let keys = reserve_fair_keys(&mut conn, &fronts, 2, &[wanted("amy", 1, 2.0), wanted("zed", 1, 1.0)]).await.unwrap();
+    assert_eq!(keys, [(3.5, 0.5), (4.0, 1.0)]);
+    let clocks: Vec<(String, f64)> =
+        sqlx::query_as("SELECT tenant, last_key FROM notification_tenant_clock WHERE priority = 2 ORDER BY tenant")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    assert_eq!(clocks, [("amy".to_string(), 3.5), ("zed".to_string(), 4.0)]);
 }

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row as _};
 
 use crate::queue::batch::parse::Parsed;
-use crate::queue::enqueue::{reserve_fair_keys, weight};
+use crate::queue::enqueue::{KeysWanted, reserve_fair_keys, weight};
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
 
@@ -168,15 +168,28 @@ async fn fair_keys(
         let tenant = group.tenant.as_deref().unwrap_or(default_tenant);
         finals.entry((group.priority.unwrap_or(default_priority), tenant)).or_default().push(i);
     }
+    // One reservation per priority, for all its tenants (in the map's order, sorted by tenant).
+    let mut by_priority: BTreeMap<i16, Vec<(&str, Vec<usize>)>> = BTreeMap::new();
     for ((priority, tenant), members) in finals {
-        let total: u64 = members.iter().map(|&i| groups[i].rows).sum();
-        let (first, step) =
-            reserve_fair_keys(tx, &rt.due_fronts, priority, tenant, total as usize, weight(rt, tenant)).await?;
-        let mut offset = 0u64;
-        for i in members {
-            firsts[i] = first + step * offset as f64;
-            steps[i] = step;
-            offset += groups[i].rows;
+        by_priority.entry(priority).or_default().push((tenant, members));
+    }
+    for (priority, tenants) in by_priority {
+        let wanted: Vec<KeysWanted> = tenants
+            .iter()
+            .map(|(tenant, members)| KeysWanted {
+                tenant,
+                count: members.iter().map(|&i| groups[i].rows).sum::<u64>() as usize,
+                weight: weight(rt, tenant),
+            })
+            .collect();
+        let keys = reserve_fair_keys(tx, &rt.due_fronts, priority, &wanted).await?;
+        for ((_, members), (first, step)) in tenants.into_iter().zip(keys) {
+            let mut offset = 0u64;
+            for i in members {
+                firsts[i] = first + step * offset as f64;
+                steps[i] = step;
+                offset += groups[i].rows;
+            }
         }
     }
     Ok((firsts, steps))
