@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use sqlx::pool::PoolConnection;
-use sqlx::{Acquire, PgConnection, PgPool, Postgres};
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use tracing::Instrument;
 
 use crate::audit::{self, Actor, Event};
@@ -299,13 +299,12 @@ async fn add_batch(
     last: bool,
 ) -> Result<Batch, sqlx::Error> {
     let s = &pool.settings;
-    let mut tx = conn.begin().await?;
     // The batch's commit does not wait for its WAL to reach disk (the run's last write, `record_run`,
     // does, and with it every batch before). Safe because the log is one sequence: a crash can lose
     // only batches after the last flushed commit, each with its own counter advance, so their
     // counters are taken again; and any reservation or confirmation of one of their codes commits
-    // after the batch, so flushing it flushes the batch first.
-    sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await?;
+    // after the batch, so flushing it flushes the batch first. Sent with the BEGIN, in one round trip.
+    let mut tx = conn.begin_with("BEGIN; SET LOCAL synchronous_commit = off").await?;
     // Take the next counters (row-locked); near the end of the domain, what is left. Only while the
     // row still holds this instance's format and key check: counters advanced under another
     // permutation would not be what the rest of the deployment decodes.
