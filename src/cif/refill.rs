@@ -310,9 +310,10 @@ async fn add_batch(
     // permutation would not be what the rest of the deployment decodes.
     // Nor while issuance is halted for a changed database (see crate::cif::fence).
     // The lock is FOR NO KEY UPDATE, held until the batch commits: it orders refills, key rotations,
-    // fences and reconciles of the pool (they conflict with it), but not confirmations, whose insert
-    // into cif_issued takes the row FOR KEY SHARE for its foreign key. FOR UPDATE made every
-    // confirmation of the pool wait out the batch's COPY (120 ms waits under a steady load).
+    // fences and reconciles of the pool (they conflict with it), but never a confirmation. While
+    // cif_issued had a foreign key to the pool (until migration 27), each confirmation took this row
+    // FOR KEY SHARE, and FOR UPDATE here made every confirmation of the pool wait out the batch's COPY
+    // (120 ms waits under a steady load).
     let (pinned, epoch, halted, range): (bool, i16, bool, Option<(i64, i64)>) = {
         let (pinned, epoch, halted, start, end): (bool, i16, bool, Option<i64>, Option<i64>) = sqlx::query_as(
             "WITH old AS ( \

@@ -361,8 +361,8 @@ async fn a_code_released_below_the_scan_cursor_is_still_handed_out() {
 }
 
 /// A refill batch holds its pool's row from its counter advance until it commits, across the `COPY` of
-/// its codes. A confirmation inserts into `cif_issued`, whose foreign key takes that row `FOR KEY
-/// SHARE`: the batch's lock must leave that free, or every confirmation of the pool waits out the batch.
+/// its codes. A confirmation must not wait for it (it did while `cif_issued` had a foreign key to the
+/// pool's row, which the batch locked `FOR UPDATE`: every confirmation of the pool waited out the batch).
 ///
 /// The batch is held in its `COPY` on purpose, not caught there by timing: another transaction has
 /// inserted, and not committed, a row under one of the batch's counters, so the `COPY` waits on that
