@@ -137,6 +137,42 @@ pub async fn reserve_fair_keys(
     Ok(keys)
 }
 
+/// Indexes into a caller's list of key runs (a batch's staging groups, a stager's due jobs), grouped by
+/// priority, then by tenant in byte order: what [`reserve_keys_of_runs`] reserves for.
+pub(crate) type RunsByPriority<'a> = std::collections::BTreeMap<i16, std::collections::BTreeMap<&'a str, Vec<usize>>>;
+
+/// Reserves the fair keys of `runs` key runs (run `i` takes `keys_in(i)` keys), grouped in `grouped`,
+/// with one [`reserve_fair_keys`] per priority. Returns each run's first key and step; one tenant's
+/// runs follow each other in the order listed. A run in no group gets `(0.0, 0.0)`.
+pub(crate) async fn reserve_keys_of_runs(
+    tx: &mut sqlx::PgConnection,
+    rt: &QueueRuntime,
+    runs: usize,
+    grouped: &RunsByPriority<'_>,
+    keys_in: impl Fn(usize) -> u64,
+) -> Result<Vec<(f64, f64)>, sqlx::Error> {
+    let mut keys = vec![(0.0, 0.0); runs];
+    for (&priority, tenants) in grouped {
+        let wanted: Vec<KeysWanted> = tenants
+            .iter()
+            .map(|(tenant, members)| KeysWanted {
+                tenant,
+                count: members.iter().map(|&i| keys_in(i)).sum::<u64>() as usize,
+                weight: weight(rt, tenant),
+            })
+            .collect();
+        let reserved = reserve_fair_keys(tx, &rt.due_fronts, priority, &wanted).await?;
+        for (members, (first, step)) in tenants.values().zip(reserved) {
+            let mut offset = 0u64;
+            for &i in members {
+                keys[i] = (first + step * offset as f64, step);
+                offset += keys_in(i);
+            }
+        }
+    }
+    Ok(keys)
+}
+
 /// Result of [`enqueue_one`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Enqueued {

@@ -5,14 +5,13 @@
 //! they stand at that moment: a campaign scheduled yesterday queues behind what other tenants sent
 //! since, not ahead of it.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use sqlx::PgPool;
 
 use crate::claim::Pick;
-use crate::queue::enqueue::{KeysWanted, reserve_fair_keys, weight};
+use crate::queue::enqueue::{RunsByPriority, reserve_keys_of_runs};
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
 use crate::queue::store::JOBS;
@@ -55,28 +54,12 @@ async fn promote_batch(db: &PgPool, rt: &QueueRuntime) -> Result<u64, sqlx::Erro
         return Ok(0);
     }
     // A contiguous run of keys per (priority, tenant), in the order the jobs came due.
-    let mut groups: BTreeMap<(i16, &str), Vec<usize>> = BTreeMap::new();
+    let mut grouped = RunsByPriority::new();
     for (i, (_, priority, tenant)) in due.iter().enumerate() {
-        groups.entry((*priority, tenant.as_str())).or_default().push(i);
+        grouped.entry(*priority).or_default().entry(tenant.as_str()).or_default().push(i);
     }
-    let mut keys = vec![0.0f64; due.len()];
-    // One reservation per priority, for all its tenants (in the map's order, sorted by tenant).
-    let mut by_priority: BTreeMap<i16, Vec<(&str, &Vec<usize>)>> = BTreeMap::new();
-    for ((priority, tenant), members) in &groups {
-        by_priority.entry(*priority).or_default().push((tenant, members));
-    }
-    for (priority, tenants) in by_priority {
-        let wanted: Vec<KeysWanted> = tenants
-            .iter()
-            .map(|(tenant, members)| KeysWanted { tenant, count: members.len(), weight: weight(rt, tenant) })
-            .collect();
-        let reserved = reserve_fair_keys(&mut tx, &rt.due_fronts, priority, &wanted).await?;
-        for ((_, members), (first, step)) in tenants.into_iter().zip(reserved) {
-            for (n, &i) in members.iter().enumerate() {
-                keys[i] = first + step * n as f64;
-            }
-        }
-    }
+    let keys: Vec<f64> =
+        reserve_keys_of_runs(&mut tx, rt, due.len(), &grouped, |_| 1).await?.into_iter().map(|k| k.0).collect();
     let ids: Vec<i64> = due.iter().map(|d| d.0).collect();
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE notification_jobs AS t SET status = {pending}, fair_key = u.k \

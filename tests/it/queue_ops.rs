@@ -99,6 +99,35 @@ async fn a_scheduled_job_is_not_claimed_before_run_at_and_is_sent_after() {
     assert_eq!((view["status"].as_str(), view["run_at"].is_null()), (Some("sent"), true), "{view}");
 }
 
+/// One staging round keys the due jobs of several tenants and priorities: each tenant's jobs get a run
+/// of consecutive keys at its priority, in the order they came due, all from the same front.
+#[tokio::test]
+async fn a_staging_round_keys_each_tenant_s_due_jobs_as_one_run() {
+    let e = env().await;
+    sqlx::query(
+        "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts, status, \
+                                        run_after) \
+         SELECT c, p, t, 0, 'device', '{}', 5, 'scheduled', now() - interval '1 second' \
+         FROM (VALUES ('promo', 2, 'b'), ('promo', 2, 'a'), ('transactional', 1, 'a'), ('promo', 2, 'b'), \
+                      ('promo', 2, 'a'), ('promo', 2, 'a')) AS j(c, p, t)",
+    )
+    .execute(&e.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(e.promote().await, 6);
+    let keys: Vec<(i16, String, f64)> = sqlx::query_as(
+        "SELECT priority, tenant, fair_key FROM notification_jobs WHERE status = 'pending' ORDER BY priority, tenant, id",
+    )
+    .fetch_all(&e.db.pool)
+    .await
+    .unwrap();
+    let key = |p: i16, t: &str, k: f64| (p, t.to_string(), k);
+    assert_eq!(
+        keys,
+        [key(1, "a", 1.0), key(2, "a", 1.0), key(2, "a", 2.0), key(2, "a", 3.0), key(2, "b", 1.0), key(2, "b", 2.0)]
+    );
+}
+
 #[tokio::test]
 async fn run_at_too_far_ahead_or_past_a_class_deadline_is_422_and_batches_take_a_default_and_per_job_times() {
     let e = env().await;

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row as _};
 
 use crate::queue::batch::parse::Parsed;
-use crate::queue::enqueue::{KeysWanted, reserve_fair_keys, weight};
+use crate::queue::enqueue::{RunsByPriority, reserve_keys_of_runs};
 use crate::queue::runtime::QueueRuntime;
 use crate::queue::status::JobStatus;
 
@@ -157,42 +157,17 @@ async fn fair_keys(
     default_due: bool,
 ) -> Result<(Vec<f64>, Vec<f64>), sqlx::Error> {
     let groups = &parsed.groups;
-    let mut firsts = vec![0.0f64; groups.len()];
-    let mut steps = vec![0.0f64; groups.len()];
     if !delay.is_zero() {
-        return Ok((firsts, steps));
+        return Ok((vec![0.0; groups.len()], vec![0.0; groups.len()]));
     }
     let default_tenant = &parsed.verdict.defaults.tenant;
-    let mut finals: BTreeMap<(i16, &str), Vec<usize>> = BTreeMap::new();
+    let mut grouped = RunsByPriority::new();
     for (i, group) in groups.iter().enumerate().filter(|(_, g)| g.due.unwrap_or(default_due)) {
         let tenant = group.tenant.as_deref().unwrap_or(default_tenant);
-        finals.entry((group.priority.unwrap_or(default_priority), tenant)).or_default().push(i);
+        grouped.entry(group.priority.unwrap_or(default_priority)).or_default().entry(tenant).or_default().push(i);
     }
-    // One reservation per priority, for all its tenants (in the map's order, sorted by tenant).
-    let mut by_priority: BTreeMap<i16, Vec<(&str, Vec<usize>)>> = BTreeMap::new();
-    for ((priority, tenant), members) in finals {
-        by_priority.entry(priority).or_default().push((tenant, members));
-    }
-    for (priority, tenants) in by_priority {
-        let wanted: Vec<KeysWanted> = tenants
-            .iter()
-            .map(|(tenant, members)| KeysWanted {
-                tenant,
-                count: members.iter().map(|&i| groups[i].rows).sum::<u64>() as usize,
-                weight: weight(rt, tenant),
-            })
-            .collect();
-        let keys = reserve_fair_keys(tx, &rt.due_fronts, priority, &wanted).await?;
-        for ((_, members), (first, step)) in tenants.into_iter().zip(keys) {
-            let mut offset = 0u64;
-            for i in members {
-                firsts[i] = first + step * offset as f64;
-                steps[i] = step;
-                offset += groups[i].rows;
-            }
-        }
-    }
-    Ok((firsts, steps))
+    let keys = reserve_keys_of_runs(tx, rt, groups.len(), &grouped, |i| groups[i].rows).await?;
+    Ok(keys.into_iter().unzip())
 }
 
 /// A batch whose row exists and whose jobs are being inserted in the same transaction.
