@@ -96,6 +96,13 @@ pub(crate) struct ClaimSpec<'a> {
     pub filter: &'a str,
     /// `ORDER BY` list, e.g. `counter` or `priority, id`.
     pub order_by: &'a str,
+    /// Where the pick's scan starts and ends, in claim order (empty for one scan over `filter`): each
+    /// a predicate (may use `$3…`) that, with `filter`, selects one contiguous run of the claim
+    /// order, the runs in order, e.g. one priority each from the key its last claim began at. The
+    /// pick reads the first until it has `LIMIT` rows, then the next. For a scan that should not
+    /// start at the head of an index: under a held cleanup horizon every row claimed since stays in
+    /// the claim index, ahead of the first claimable one.
+    pub ranges: &'a [String],
     /// Extra assignments, e.g. `holder = $4` (empty for none). Columns refer to the updated row.
     pub set: &'a str,
     /// `RETURNING` list (columns of the updated row `t`).
@@ -230,19 +237,33 @@ impl ClaimTable {
                 report = spec.report
             )
         };
-        format!(
-            "WITH picked AS ( \
-                SELECT {keys}{carry} FROM {table} \
-                WHERE {state} IN ({free}) AND ({filter}) \
-                ORDER BY {order_by} \
-                LIMIT {limit} \
-                FOR UPDATE SKIP LOCKED \
-             ){gate} {body}",
-            carry = spec.carry,
-            free = spec.free,
-            filter = spec.filter,
-            order_by = spec.order_by,
-        )
+        let pick = |range: &str| {
+            format!(
+                "SELECT {keys}{carry} FROM {table} \
+                 WHERE {state} IN ({free}) AND ({filter}){range} \
+                 ORDER BY {order_by} \
+                 LIMIT {limit} \
+                 FOR UPDATE SKIP LOCKED",
+                carry = spec.carry,
+                free = spec.free,
+                filter = spec.filter,
+                order_by = spec.order_by,
+            )
+        };
+        // One scan per range, read one after another (an `Append` runs its branches in order, and the
+        // outer `LIMIT` stops it, so a later range is not even started once an earlier one filled it).
+        let picked = if spec.ranges.is_empty() {
+            pick("")
+        } else {
+            let runs: Vec<String> = spec
+                .ranges
+                .iter()
+                .enumerate()
+                .map(|(i, range)| format!("SELECT * FROM ({}) AS run{i}", pick(&format!(" AND ({range})"))))
+                .collect();
+            format!("{} LIMIT {limit}", runs.join(" UNION ALL "))
+        };
+        format!("WITH picked AS ( {picked} ){gate} {body}")
     }
 
     /// A fenced update of one held row. Binds: `$1` token (`uuid`), then the caller's `key_where` and
@@ -355,6 +376,7 @@ mod tests {
                 held: "'sending'",
                 filter: "priority BETWEEN $3 AND $4",
                 order_by: "priority, id",
+                ranges: &[],
                 set: "attempts = t.attempts + 1",
                 returning: "t.id, t.token",
                 carry: "",
@@ -396,6 +418,7 @@ mod tests {
             held: "'sending'",
             filter,
             order_by: "id",
+            ranges: &[],
             set: "",
             returning: "t.id",
             carry: "",
@@ -426,6 +449,20 @@ mod tests {
         assert!(sixteen.contains("FROM admitted WHERE (t.id) = (admitted.id)"), "{sixteen}");
         // Apart from the limit, the same statement as the claim with a bound limit.
         assert_eq!(sixteen, T.claim_with(&spec, "$1", "$2").replace("LIMIT $1 FOR UPDATE", "LIMIT 16 FOR UPDATE"));
+    }
+
+    #[test]
+    fn a_claim_over_ranges_reads_them_in_order_each_with_the_filter_and_limit() {
+        let ranges = ["priority = 0 AND id >= $3".to_string(), "priority = 1".to_string()];
+        let sql = T.claim_at_most_sql(&ClaimSpec { ranges: &ranges, ..by_id("tenant = $4", "") }, 8);
+        let run = |i: usize, range: &str| {
+            format!(
+                "SELECT * FROM (SELECT id FROM jobs WHERE status IN ('pending') AND (tenant = $4) AND ({range}) \
+                 ORDER BY id LIMIT 8 FOR UPDATE SKIP LOCKED) AS run{i}"
+            )
+        };
+        let picked = format!("WITH picked AS ( {} UNION ALL {} LIMIT 8 )", run(0, &ranges[0]), run(1, &ranges[1]));
+        assert!(sql.starts_with(&picked), "{sql}");
     }
 
     #[test]

@@ -39,8 +39,8 @@ pub mod fence {
 pub mod queue_store {
     pub use crate::claim::{Commit, PickSizes};
     pub use crate::queue::store::{
-        ClaimClass, Claimed, ClaimedJob, Purge, claim, claim_sql, erase_due, expire_overdue, mark_sent, mark_sent_many,
-        purge_finished, rescue_expired_leases,
+        ClaimClass, Claimed, ClaimedJob, Purge, claim, claim_begin_sql, claim_sql, erase_due, expire_overdue,
+        mark_sent, mark_sent_many, purge_finished, rescue_expired_leases,
     };
 }
 

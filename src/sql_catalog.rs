@@ -17,7 +17,7 @@ pub struct Statement {
 
 /// Every assembled statement: the statics of each table's modules, then the claim statement of each
 /// worker group of every strategy, with a tenant cap that can bind and without (one entry per
-/// distinct text).
+/// distinct text), then the claim locks' statement.
 pub fn catalog() -> Vec<Statement> {
     let statics = [
         crate::cif::store::statements(),
@@ -64,6 +64,12 @@ pub fn catalog() -> Vec<Statement> {
         let cap = if capped { "a tenant cap can bind" } else { "no tenant cap can bind" };
         all.push(Statement { name: format!("queue::store::claim_sql, {cap}: {}", groups.join(", ")), text });
     }
+    // Sent with the BEGIN of a capped claim's transaction, naming the classes whose cap can bind.
+    let classes: Vec<&str> = queue.classes.iter().map(|c| c.name.as_str()).collect();
+    all.push(Statement {
+        name: "queue::store::claim_locks_sql, every shipped class".to_string(),
+        text: crate::queue::store::claim_locks_sql(&classes),
+    });
     all
 }
 

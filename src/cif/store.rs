@@ -46,6 +46,7 @@ fn claim_codes(size: usize, set: &str, returning: &str, gate: &str) -> String {
             held: RESERVED,
             filter: "pool_id = $2 AND counter >= $8",
             order_by: "pool_id, counter",
+            ranges: &[],
             set,
             returning: &returning,
             carry: "",

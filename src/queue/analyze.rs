@@ -1,13 +1,14 @@
 //! Keeping the planner's picture of the jobs table close to what the queue holds.
 //!
-//! Every claim, and intake's look for the due front, walks a claim index in order and stops after a
-//! batch, but Postgres only plans them that way while its statistics say jobs are waiting. When
-//! autovacuum's ANALYZE last ran during a quiet spell (every job finished), the statistics say none
-//! wait; a burst that arrives then is claimed with a plan made for an empty queue: each claim reads
-//! every waiting job through the FIFO index and sorts them all to take its batch (58 ms a claim at
-//! 100,000 waiting jobs, growing with the backlog, against 1.9 ms in index order), and intake adds
-//! up every waiting job of a priority to find its front. Autovacuum corrects this only when it next
-//! looks at the table, up to a minute later (`autovacuum_naptime`), a setting of the whole cluster.
+//! Intake's look for the due front walks a claim index in order and stops at the first due job, but
+//! Postgres only plans it that way while its statistics say jobs are waiting. When autovacuum's
+//! ANALYZE last ran during a quiet spell (every job finished), the statistics say none wait, and
+//! intake adds up every waiting job of a priority to find its front. (Claims had the same trouble:
+//! each read every waiting job through the FIFO index and sorted them all to take its batch, 58 ms a
+//! claim at 100,000 waiting jobs against 1.9 ms in index order; their plans now price sorting out,
+//! see `claim_begin_sql` in `src/queue/store/claiming.rs`.) Autovacuum corrects this only when it
+//! next looks at the table, up to a minute later (`autovacuum_naptime`), a setting of the whole
+//! cluster.
 //!
 //! So the stats round, which counts the waiting jobs of every class anyway, also asks the planner
 //! how many it expects, and analyzes the table when it expects far fewer than there are. Only the

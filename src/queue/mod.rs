@@ -18,6 +18,7 @@
 //! - [`policy`]: which group takes which class in which order (shared with the lab and simulator).
 //! - [`worker`]: a worker group — claim, send, fenced finish; one drivable step for tests.
 //! - [`catch_up`]: how many jobs a group's next claim may take (more while claims are slow).
+//! - [`floor`]: where a group's claims start each priority while a walk from its head is slow.
 //! - [`finish`]: batched, fenced `sent` finishes (group commit).
 //! - [`listen`]: the LISTEN relay that wakes idle claimers.
 //! - [`sweep`]: the sweeper — lease rescue, deadline expiry, kept personal data erased, retention purge.
@@ -50,6 +51,7 @@ pub(crate) mod dlq;
 pub(crate) mod enqueue;
 pub(crate) mod erase;
 pub(crate) mod finish;
+pub mod floor;
 pub(crate) mod intake;
 pub(crate) mod job;
 pub(crate) mod listen;

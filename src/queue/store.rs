@@ -17,7 +17,7 @@ mod claiming;
 mod job_view;
 pub(crate) mod sweeps;
 
-pub use claiming::{ClaimClass, Claimed, claim, claim_sql};
+pub use claiming::{ClaimClass, Claimed, claim, claim_begin_sql, claim_locks_sql, claim_sql};
 pub(crate) use claiming::{cap_can_bind, mark_unreadable};
 pub(crate) use job_view::JobView;
 pub(crate) use job_view::get_job;

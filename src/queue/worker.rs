@@ -15,6 +15,7 @@ use tracing::Instrument;
 use crate::claim::{Fenced, PickSizes};
 use crate::queue::budget::Room;
 use crate::queue::finish::Finisher;
+use crate::queue::floor::{ClaimFloors, Start};
 use crate::queue::policy::GroupPolicy;
 use crate::queue::provider::{Message, SendError};
 use crate::queue::runtime::QueueRuntime;
@@ -90,6 +91,8 @@ pub struct WorkerGroup {
     finisher: Finisher,
     /// Jobs being sent by the group's workers, to hand back if shutdown outlasts the grace.
     in_flight: std::sync::Mutex<BTreeMap<i64, ClaimedJob>>,
+    /// Where its claims start each priority (shared by its claim loops).
+    floors: std::sync::Mutex<ClaimFloors>,
 }
 
 impl WorkerGroup {
@@ -115,6 +118,7 @@ impl WorkerGroup {
             workers,
             finisher,
             in_flight: Default::default(),
+            floors: Default::default(),
         })
     }
 
@@ -185,7 +189,12 @@ impl WorkerGroup {
         let (capped, uncapped) = &self.claim_sql[self.claim_sizes.index_for(limit)];
         let sql = if classes.iter().any(|c| c.cap_binds) { capped } else { uncapped };
         let started = Instant::now();
-        let claimed = store::claim(&self.db, sql, limit, lease, &classes, &self.runtime.seal).await;
+        let start = self.floors.lock().expect("floors lock").start(started);
+        let floors = match &start {
+            Start::Head => BTreeMap::new(),
+            Start::Floors(floors) => floors.clone(),
+        };
+        let claimed = store::claim(&self.db, sql, limit, lease, &classes, &floors, &self.runtime.seal).await;
         // Timed with the opening of its rows (a failed claim too). A group's claims run one after
         // another where a tenant cap can bind (the class's claim lock): their time per second is how
         // close its claiming is to its ceiling.
@@ -195,6 +204,7 @@ impl WorkerGroup {
             .record(lasted.as_secs_f64());
         let mut claimed = claimed?;
         claimed.lasted = lasted;
+        self.floors.lock().expect("floors lock").record(&start, started, lasted, claimed.jobs.len(), &claimed.starts);
         metrics::histogram!("cifpool_queue_claim_size", "group" => group).record(claimed.jobs.len() as f64);
         // A row nobody can read must not hold up the rest of its batch, nor come back after its lease.
         for job in std::mem::take(&mut claimed.unreadable) {

@@ -76,7 +76,9 @@ async fn both_orders(db: &PgPool, order: ClaimOrder, capped: bool, jobs: &[(i16,
     let sql = store::claim_sql(&policy, capped, 4, Commit::Unflushed);
     let mut claimed = Vec::new();
     loop {
-        let got = store::claim(db, &sql, 1, Duration::from_secs(60), &classes, &test_seal()).await.unwrap();
+        let got = store::claim(db, &sql, 1, Duration::from_secs(60), &classes, &Default::default(), &test_seal())
+            .await
+            .unwrap();
         assert_eq!(got.stopped_at, None, "room for every job");
         let Some(job) = got.jobs.first() else { break };
         claimed.push(job.id);
@@ -127,6 +129,7 @@ async fn room_gate(
         wanted,
         Duration::from_secs(60),
         &classes,
+        &Default::default(),
         &test_seal(),
     )
     .await
@@ -210,7 +213,9 @@ async fn a_claims_jobs_share_its_token_and_its_unflushed_commit_stays_with_it() 
             .unwrap();
         let sql = store::claim_sql(&policy, capped, 4, commit);
         assert_eq!(sql.contains("synchronous_commit"), commit == Commit::Unflushed, "{sql}");
-        let got = store::claim(&one, &sql, 3, Duration::from_secs(60), &classes, &test_seal()).await.unwrap();
+        let got = store::claim(&one, &sql, 3, Duration::from_secs(60), &classes, &Default::default(), &test_seal())
+            .await
+            .unwrap();
         assert_eq!(got.jobs.len(), 3, "{:?} {:?}", got.stopped_at, got.unreadable);
         assert!(got.jobs.iter().all(|j| j.token == got.jobs[0].token), "one token for the claim");
         let after: String = sqlx::query_scalar("SHOW synchronous_commit").fetch_one(&one).await.unwrap();

@@ -444,6 +444,34 @@ async fn racing_claims_fill_a_tenant_cap_exactly() {
     assert_eq!((claimed, sending), (cap, cap as i64), "16 claims of 7 against a cap of {cap}");
 }
 
+/// A capped claim that waited for its class's claim lock sees what happened while it waited: the jobs
+/// the holder claimed and finished are gone, and the jobs enqueued meanwhile are there to take. (A
+/// claim that took the lock inside its statement had a snapshot from before the wait, in which only
+/// the holder's jobs were pending: it came back empty.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_that_waited_for_the_claim_lock_takes_the_jobs_enqueued_meanwhile() {
+    let e = env().await;
+    let first: Vec<i64> = e.enqueue("promo", "early", 4).await;
+    let group = e.group(Strategy::Priority, 0);
+    // Another claimer's turn: it holds promo's claim lock while it claims and finishes the four jobs.
+    let mut holder = e.db.pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(1667853679, hashtext('promo'))").execute(&mut *holder).await.unwrap();
+    let waiting = tokio::spawn({
+        let group = group.clone();
+        async move { group.claim(4).await.unwrap() }
+    });
+    common::wait_for_a_lock_wait(&e.db.pool).await;
+    sqlx::query("UPDATE notification_jobs SET status = 'sent', finished_at = now() WHERE id = ANY($1)")
+        .bind(&first)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let later: Vec<i64> = e.enqueue("promo", "late", 4).await;
+    holder.commit().await.unwrap();
+    let claimed: Vec<i64> = common::joined(waiting).await.iter().map(|j| j.id).collect();
+    assert_eq!(claimed, later, "the jobs enqueued while the claim waited");
+}
+
 #[tokio::test]
 async fn backpressure_rejects_bulk_with_retry_after_but_always_takes_otp() {
     let e = env().await;
