@@ -63,36 +63,48 @@ async fn reservations_reuse_one_plan_of_their_claim() {
     app.stop().await;
 }
 
+/// Inserts `n` waiting promo jobs over 20 tenants, fair keys 1 to `n` (ids too), and analyzes the table.
+async fn waiting_promo_jobs(db: &sqlx::PgPool, n: i32) {
+    sqlx::query(
+        "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts) \
+         SELECT 'promo', 2, 't' || (g % 20), g, 'device', '{}', 5 FROM generate_series(1, $1) AS g",
+    )
+    .bind(n)
+    .execute(db)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE notification_jobs").execute(db).await.unwrap();
+}
+
+/// Promo as a claim takes it: a tenant cap of 1,000 (never reached here, whether the claim takes
+/// the cap's lock or not) and all the room it wants.
+fn promo_claim(cap_binds: bool) -> cifpool::internals::queue_store::ClaimClass {
+    cifpool::internals::queue_store::ClaimClass {
+        name: "promo".into(),
+        priority: 2,
+        tenant_cap: 1_000,
+        cap_binds,
+        provider: "push".into(),
+        free: i32::MAX,
+    }
+}
+
 /// A worker group's claim keeps one plan as well: its pick size is written into the statement (a
 /// claim of 5 to 8 jobs runs the one that picks 8, of its [`PickSizes`]), so after the first five
 /// executions on a connection Postgres reuses one plan. With the limit a parameter, as it was, every
 /// claim of a drain was planned afresh (~1.3 ms of server CPU each).
 #[tokio::test]
 async fn queue_claims_reuse_one_plan_per_pick_size() {
-    use cifpool::internals::queue_store::{ClaimClass, Commit, PickSizes, claim, claim_sql};
+    use cifpool::internals::queue_store::{Commit, PickSizes, claim, claim_sql};
     use cifpool::internals::seal::Seal;
     use cifpool::queue::policy::{ClaimOrder, GroupPolicy};
     let db = fresh_database().await;
-    sqlx::query(
-        "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts) \
-         SELECT 'promo', 2, 't' || (g % 20), g, 'device', '{}', 5 FROM generate_series(1, 20000) AS g",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    sqlx::query("ANALYZE notification_jobs").execute(&db.pool).await.unwrap();
+    waiting_promo_jobs(&db.pool, 20_000).await;
     // One connection: every claim runs on the session whose prepared statements are read below.
     let one = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.url).await.unwrap();
     let seal = Seal::new(&common::test_master_key(), "test", true);
     for capped in [true, false] {
-        let class = ClaimClass {
-            name: "promo".into(),
-            priority: 2,
-            tenant_cap: 1_000,
-            cap_binds: capped,
-            provider: "push".into(),
-            free: i32::MAX,
-        };
+        let class = promo_claim(capped);
         let policy = GroupPolicy {
             name: "shared".into(),
             size: 256,
@@ -480,19 +492,12 @@ async fn one_reservation_keys_every_tenant_of_a_batch() {
 /// took) reads from there only, and takes the jobs a claim from the head would.
 #[tokio::test]
 async fn a_claim_from_its_floor_skips_what_claims_took_while_a_snapshot_is_held() {
-    use cifpool::internals::queue_store::{ClaimClass, Commit, claim, claim_sql};
+    use cifpool::internals::queue_store::{Commit, claim, claim_sql};
     use cifpool::internals::seal::Seal;
     use cifpool::queue::policy::{ClaimOrder, GroupPolicy};
     use std::collections::BTreeMap;
     let db = fresh_database().await;
-    sqlx::query(
-        "INSERT INTO notification_jobs (class, priority, tenant, fair_key, recipient, payload, max_attempts) \
-         SELECT 'promo', 2, 't' || (g % 20), g, 'device', '{}', 5 FROM generate_series(1, 3000) AS g",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    sqlx::query("ANALYZE notification_jobs").execute(&db.pool).await.unwrap();
+    waiting_promo_jobs(&db.pool, 3_000).await;
     let mut analyst = db.pool.begin().await.unwrap();
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *analyst).await.unwrap();
     sqlx::query("SELECT 1 FROM notification_jobs LIMIT 1").execute(&mut *analyst).await.unwrap();
@@ -500,14 +505,7 @@ async fn a_claim_from_its_floor_skips_what_claims_took_while_a_snapshot_is_held(
     // One connection, whose index reads are counted around each claim.
     let one = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.url).await.unwrap();
     let seal = Seal::new(&common::test_master_key(), "test", true);
-    let class = ClaimClass {
-        name: "promo".into(),
-        priority: 2,
-        tenant_cap: 1_000,
-        cap_binds: true,
-        provider: "push".into(),
-        free: i32::MAX,
-    };
+    let class = promo_claim(true);
     let policy = GroupPolicy {
         name: "shared".into(),
         size: 256,
