@@ -190,11 +190,12 @@ impl WorkerGroup {
         let sql = if classes.iter().any(|c| c.cap_binds) { capped } else { uncapped };
         let started = Instant::now();
         let start = self.floors.lock().expect("floors lock").start(started);
+        let from_head = BTreeMap::new();
         let floors = match &start {
-            Start::Head => BTreeMap::new(),
-            Start::Floors(floors) => floors.clone(),
+            Start::Head => &from_head,
+            Start::Floors(floors) => floors,
         };
-        let claimed = store::claim(&self.db, sql, limit, lease, &classes, &floors, &self.runtime.seal).await;
+        let claimed = store::claim(&self.db, sql, limit, lease, &classes, floors, &self.runtime.seal).await;
         // Timed with the opening of its rows (a failed claim too). A group's claims run one after
         // another where a tenant cap can bind (the class's claim lock): their time per second is how
         // close its claiming is to its ceiling.

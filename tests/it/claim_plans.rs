@@ -89,6 +89,12 @@ fn promo_claim(cap_binds: bool) -> cifpool::internals::queue_store::ClaimClass {
     }
 }
 
+/// The shared group of one class, claiming by priority.
+fn shared_policy(class: &cifpool::internals::queue_store::ClaimClass) -> cifpool::queue::policy::GroupPolicy {
+    use cifpool::queue::policy::{ClaimOrder, GroupPolicy};
+    GroupPolicy { name: "shared".into(), size: 256, classes: vec![class.name.clone()], order: ClaimOrder::Priority }
+}
+
 /// A worker group's claim keeps one plan as well: its pick size is written into the statement (a
 /// claim of 5 to 8 jobs runs the one that picks 8, of its [`PickSizes`]), so after the first five
 /// executions on a connection Postgres reuses one plan. With the limit a parameter, as it was, every
@@ -97,7 +103,6 @@ fn promo_claim(cap_binds: bool) -> cifpool::internals::queue_store::ClaimClass {
 async fn queue_claims_reuse_one_plan_per_pick_size() {
     use cifpool::internals::queue_store::{Commit, PickSizes, claim, claim_sql};
     use cifpool::internals::seal::Seal;
-    use cifpool::queue::policy::{ClaimOrder, GroupPolicy};
     let db = fresh_database().await;
     waiting_promo_jobs(&db.pool, 20_000).await;
     // One connection: every claim runs on the session whose prepared statements are read below.
@@ -105,12 +110,7 @@ async fn queue_claims_reuse_one_plan_per_pick_size() {
     let seal = Seal::new(&common::test_master_key(), "test", true);
     for capped in [true, false] {
         let class = promo_claim(capped);
-        let policy = GroupPolicy {
-            name: "shared".into(),
-            size: 256,
-            classes: vec![class.name.clone()],
-            order: ClaimOrder::Priority,
-        };
+        let policy = shared_policy(&class);
         let sizes = PickSizes::up_to(256);
         let sql = claim_sql(&policy, capped, sizes.sizes()[sizes.index_for(5)], Commit::Unflushed);
         assert!(sql.contains("LIMIT 8 FOR UPDATE SKIP LOCKED"), "{sql}");
@@ -494,7 +494,6 @@ async fn one_reservation_keys_every_tenant_of_a_batch() {
 async fn a_claim_from_its_floor_skips_what_claims_took_while_a_snapshot_is_held() {
     use cifpool::internals::queue_store::{Commit, claim, claim_sql};
     use cifpool::internals::seal::Seal;
-    use cifpool::queue::policy::{ClaimOrder, GroupPolicy};
     use std::collections::BTreeMap;
     let db = fresh_database().await;
     waiting_promo_jobs(&db.pool, 3_000).await;
@@ -506,12 +505,7 @@ async fn a_claim_from_its_floor_skips_what_claims_took_while_a_snapshot_is_held(
     let one = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.url).await.unwrap();
     let seal = Seal::new(&common::test_master_key(), "test", true);
     let class = promo_claim(true);
-    let policy = GroupPolicy {
-        name: "shared".into(),
-        size: 256,
-        classes: vec![class.name.clone()],
-        order: ClaimOrder::Priority,
-    };
+    let policy = shared_policy(&class);
     let sql = claim_sql(&policy, true, 256, Commit::Unflushed);
     let claim_from = |floors: BTreeMap<i16, f64>| {
         let (one, sql, class, seal) = (&one, &sql, &class, &seal);

@@ -154,10 +154,9 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool, pick: usize, commit: Commit
     claim.replacen("WITH ", &format!("WITH {live}"), 1)
 }
 
-/// The statement a capped claim's transaction starts with (sent in one message with its `BEGIN`,
-/// [`claim_begin_sql`]):
-/// it takes the claim locks of `classes` (those whose tenant cap can bind) before the claim statement
-/// runs. Transaction-scoped advisory locks, in a fixed order so that two groups sharing classes cannot
+/// The statement a capped claim's transaction starts with (sent in one message with its `BEGIN`:
+/// [`claim_begin_sql`]): it takes the claim locks of `classes` (those whose tenant cap can bind)
+/// before the claim statement runs. Transaction-scoped advisory locks, in a fixed order so that two groups sharing classes cannot
 /// deadlock, released by the claim's commit.
 ///
 /// Why before the statement and not inside it: a statement's snapshot is taken when it starts. A
@@ -178,7 +177,8 @@ pub fn claim_locks_sql(classes: &[&str]) -> String {
 }
 
 /// What a claim's transaction starts with, in one message: `BEGIN`, sorting priced out for its
-/// statement's plan (and no just-in-time compilation), and the claim locks of `locked` (none when it is empty: [`claim_locks_sql`]).
+/// statement's plan (and no just-in-time compilation), a limit on sitting idle, and the claim locks of
+/// `locked` (none when it is empty: [`claim_locks_sql`]).
 ///
 /// Why no sort: estimating few waiting jobs, as it does whenever the queue keeps up, the planner
 /// preferred reading every waiting job's entry in the smaller FIFO index and sorting them to reading
