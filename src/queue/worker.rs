@@ -206,6 +206,9 @@ impl WorkerGroup {
         let mut claimed = claimed?;
         claimed.lasted = lasted;
         self.floors.lock().expect("floors lock").record(&start, started, lasted, claimed.jobs.len(), &claimed.starts);
+        if matches!(start, Start::Floors(_)) {
+            metrics::counter!("cifpool_queue_claims_from_floors_total", "group" => group.clone()).increment(1);
+        }
         metrics::histogram!("cifpool_queue_claim_size", "group" => group).record(claimed.jobs.len() as f64);
         // A row nobody can read must not hold up the rest of its batch, nor come back after its lease.
         for job in std::mem::take(&mut claimed.unreadable) {
@@ -219,6 +222,20 @@ impl WorkerGroup {
             self.runtime.ask_for_more(&class.provider.name);
         }
         Ok(claimed)
+    }
+
+    /// Records a claim into the group's floors as its claim loops do after each claim (see
+    /// [`ClaimFloors::record`]): how tests put the group's next claims at their floors without
+    /// holding a snapshot through ten thousand claimed jobs.
+    pub fn record_claim(
+        &self,
+        start: &Start,
+        at: Instant,
+        lasted: Duration,
+        taken: usize,
+        starts: &BTreeMap<i16, f64>,
+    ) {
+        self.floors.lock().expect("floors lock").record(start, at, lasted, taken, starts);
     }
 
     /// Claims up to `n` jobs (see [`WorkerGroup::claim_in_order`]).

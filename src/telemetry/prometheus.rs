@@ -213,10 +213,15 @@ fn describe() {
     describe_histogram!(
         "cifpool_queue_claim_duration_seconds",
         Unit::Seconds,
-        "Time one claim of a worker group took, by group: its statement (with any wait for a capped class's claim \
-         lock) and the opening of the rows it returned."
+        "Time one claim of a worker group took, by group: its transaction (with any wait for a capped class's \
+         claim lock) and the opening of the rows it returned."
     );
     describe_histogram!("cifpool_queue_claim_size", "Jobs one claim statement took, by worker group.");
+    describe_counter!(
+        "cifpool_queue_claims_from_floors_total",
+        "Claims of a worker group that started each priority at the key its last claim began at, not at the head \
+         of the claim order: claims from the head had become slow walks (a held cleanup horizon)."
+    );
     describe_counter!(
         "cifpool_queue_jobs_analyzed_total",
         "Times this instance analyzed notification_jobs because the planner expected far fewer waiting jobs than \

@@ -82,6 +82,51 @@ async fn each_claim_statement_is_timed_and_sized_by_group() {
     assert!(seconds > seconds_before, "their time: {seconds_before} -> {seconds}");
 }
 
+/// Once a claim from the head of the order has been slow after many jobs (what a held cleanup
+/// horizon makes of it), the group's claims start each priority at its floor: they pass over a job
+/// that lies below it, take the ones above in order, and each is counted in
+/// `cifpool_queue_claims_from_floors_total`.
+#[tokio::test]
+async fn a_group_claiming_from_its_floors_passes_over_what_lies_below_them_and_counts_it() {
+    use cifpool::queue::floor::{Start, WALK_JOBS};
+    use std::collections::BTreeMap;
+    let e = env().await;
+    let promo = e.enqueue("promo", "shop", 6).await;
+    let group = e.group(Strategy::Priority, 0);
+    let name = group.policy.name.clone();
+    let key = |id: i64| {
+        let db = e.db.pool.clone();
+        async move {
+            let row: (i16, f64) = sqlx::query_as("SELECT priority, fair_key FROM notification_jobs WHERE id = $1")
+                .bind(id)
+                .fetch_one(&db)
+                .await
+                .unwrap();
+            row
+        }
+    };
+    let (priority, floor) = key(promo[3]).await;
+    let counted = || {
+        let text = cifpool::telemetry::metrics_handle().render();
+        let prefix = format!("cifpool_queue_claims_from_floors_total{{group=\"{name}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.trim().parse::<f64>().unwrap())
+    };
+    let before = counted();
+    assert_eq!(group.claim(1).await.unwrap().len(), 1, "a claim from the head is not counted");
+    assert_eq!(counted(), before);
+
+    // A slow claim from the head after enough jobs, which began at the fourth job's key.
+    let slow = Duration::from_millis(500);
+    group.record_claim(&Start::Head, Instant::now(), slow, WALK_JOBS, &BTreeMap::from([(priority, floor)]));
+    let mut ids: Vec<i64> = group.claim(10).await.unwrap().iter().map(|j| j.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, promo[3..].to_vec(), "from the floor: the second and third jobs are passed over");
+    assert!(counted() >= before + 1.0, "the claim from the floors is counted");
+    for id in &promo[1..3] {
+        assert_eq!(e.status(*id).await, "pending", "below the floor, {id} waits for a claim from the head");
+    }
+}
+
 /// Shrinks this pod's share of `provider` to one unit (idle syncs halve it); the caller takes that
 /// unit, so the share is full but could grow: the deployment-wide budget is far from used.
 async fn shrink_share(e: &Env, provider: &str) -> Arc<ProviderBudget> {

@@ -458,6 +458,7 @@ pub fn table(report: &BenchReport<HorizonResults>) -> String {
                 format!("{:.0}", w.oldest_snapshot_s),
                 w.claims.as_ref().map_or("-".into(), |c| format!("{:.1}", c.mean_ms)),
                 w.claims.as_ref().map_or("-".into(), |c| format!("{:.0}", c.loops_busy * 100.0)),
+                w.claims.as_ref().map_or("-".into(), |c| thousands(c.from_floors as f64)),
             ]
         })
         .collect();
@@ -479,12 +480,14 @@ pub fn table(report: &BenchReport<HorizonResults>) -> String {
             "snapshot age s",
             "claim ms",
             "claiming %",
+            "from floors",
         ],
         &rows,
     ));
     out.push_str(
-        "\nclaim ms, claiming %: the mean claim statement of the worker group that claimed longest in the \
-         window, and the share of the window its claim loops spent inside one",
+        "\nclaim ms, claiming %, from floors: the mean claim statement of the worker group that claimed longest \
+         in the window, the share of the window its claim loops spent inside one, and how many of its claims \
+         started at the group's floors",
     );
     let ratio = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.2}"));
     let phase = |name: &str, p: &PhaseSummary| {

@@ -438,12 +438,13 @@ pub fn table(report: &BenchReport<QueueResults>) -> String {
     for c in &r.drain.claims {
         out.push_str(&format!(
             "\nclaims of group {} during the drain: {} statements, {:.1} ms and {:.0} jobs each; its claim loops \
-             were inside a claim {:.0} % of the time",
+             were inside a claim {:.0} % of the time; {} claims started at the group's floors",
             c.group,
             thousands(c.statements as f64),
             c.mean_ms,
             c.jobs_per_statement,
-            c.loops_busy * 100.0
+            c.loops_busy * 100.0,
+            thousands(c.from_floors as f64)
         ));
     }
     out.push_str(&format!(
