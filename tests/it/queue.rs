@@ -52,14 +52,17 @@ async fn priority_claims_a_new_otp_before_older_promo_and_fifo_does_not() {
     assert_eq!(priority.try_execute_next().await.unwrap(), Outcome::Sent(otp));
 }
 
+/// The value of series `name` for worker group `group` in this process's recorder (0 before its first
+/// record).
+fn group_value(name: &str, group: &str) -> f64 {
+    let text = cifpool::telemetry::metrics_handle().render();
+    let prefix = format!("{name}{{group=\"{group}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
 /// `(count, sum)` of histogram `name` for worker group `group` in this process's recorder.
 fn group_series(name: &str, group: &str) -> (f64, f64) {
-    let text = cifpool::telemetry::metrics_handle().render();
-    let read = |suffix: &str| {
-        let prefix = format!("{name}_{suffix}{{group=\"{group}\"}} ");
-        text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.trim().parse().unwrap())
-    };
-    (read("count"), read("sum"))
+    (group_value(&format!("{name}_count"), group), group_value(&format!("{name}_sum"), group))
 }
 
 /// Every claim statement a group runs is timed and its jobs counted, by group: what shows a group
@@ -106,11 +109,7 @@ async fn a_group_claiming_from_its_floors_passes_over_what_lies_below_them_and_c
         }
     };
     let (priority, floor) = key(promo[3]).await;
-    let counted = || {
-        let text = cifpool::telemetry::metrics_handle().render();
-        let prefix = format!("cifpool_queue_claims_from_floors_total{{group=\"{name}\"}} ");
-        text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.trim().parse::<f64>().unwrap())
-    };
+    let counted = || group_value("cifpool_queue_claims_from_floors_total", &name);
     let before = counted();
     assert_eq!(group.claim(1).await.unwrap().len(), 1, "a claim from the head is not counted");
     assert_eq!(counted(), before);
