@@ -8,8 +8,9 @@
 //! 15–21 ms to 207–667 ms, and a group, whose claims run one at a time under their class's claim
 //! lock, drained 0.4× what it did before the hold. (Both walks are bounded since: claims start at
 //! their floors while a walk from the head is slow, [`crate::queue::floor`], and the in-flight count
-//! reads the jobs claimed within the last two lease lengths. What is left still grows with the hold.) A claim that took all it asked for, at least a
-//! batch, and still lasted over [`SLOW_CLAIM`] is paying mostly for that walk; the next one may take
+//! reads the jobs claimed within the last two lease lengths. What is left still grows with the
+//! hold.) A claim that took all it asked for, at least a batch, and still lasted over [`SLOW_CLAIM`]
+//! is paying mostly for that walk; the next one may take
 //! up to `queue.catch_up_batches` batches (as many as the group has free workers and its providers
 //! have room), so one walk serves that many more jobs. The first claim that takes less than it asked for (the
 //! backlog is gone, or a provider's room is what limits it) or is fast again goes back to the batch.

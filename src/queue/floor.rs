@@ -13,12 +13,14 @@
 //! While a claim from the head lasts [`WALK_NOTICED`] or more, and the group has taken at least
 //! [`WALK_JOBS`] jobs since its last claim from the head that did not (there is that much to walk:
 //! a slow claim after a few jobs is slow for another reason, a cold connection or a busy machine),
-//! the next claims start each run at its floor instead ([`crate::queue::store::claim_sql`] reads the runs from `$9`), and a claim from the
-//! head comes again once [`HEAD_EVERY`] times the last one's duration has passed, so the full walks take
-//! about a tenth of the claiming time and what floors pass over waits at most that long. What they pass
-//! over: a job that became claimable below a floor since — a retry or an expired lease coming due, a
-//! tenant's job its cap held back, a job another pod keyed below it. Every claim that lasts less goes
-//! back to starting from the head, so on a healthy database the order is exactly the claim index's.
+//! the next claims start each run at its floor instead ([`crate::queue::store::claim_sql`] reads the
+//! runs' starts from `$8`), and a claim from the head comes again once [`HEAD_EVERY`] times the last
+//! one's duration has passed, so the full walks take about a tenth of the claiming time and what
+//! floors pass over waits at most that long. What they pass over: a job that became claimable below a
+//! floor since — a retry or an expired lease coming due, a tenant's job its cap held back, a job
+//! another pod keyed below it. Every claim that lasts less goes back to starting from the head, so on
+//! a healthy database the order is exactly the claim index's. Claims that start at floors are counted
+//! in `cifpool_queue_claims_from_floors_total`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

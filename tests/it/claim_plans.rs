@@ -266,7 +266,6 @@ async fn rows_one_claim_reads(db: &sqlx::PgPool, capped: bool) -> i64 {
         .bind(vec![class.name.as_str()])
         .bind(vec![class.tenant_cap])
         .bind(vec![class.priority])
-        .bind(vec![class.name.as_str()])
         .bind(vec![class.provider.as_str()])
         .bind(vec![class.free])
         .bind(vec![None::<f64>])

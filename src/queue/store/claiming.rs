@@ -16,11 +16,10 @@ use crate::queue::status::JobStatus;
 /// The claim statement of one group: its classes, its order, per-tenant in-flight caps, provider room.
 /// It picks at most `pick` jobs (written into the statement) and claims at most `$1` of them.
 /// Binds: `$1` the jobs wanted (at most `pick`), `$2` lease seconds, `$3` classes (`text[]`), `$4` per-class tenant caps (`int4[]`,
-/// aligned with `$3`), `$5` the priorities of those classes (`int2[]`), `$6` the classes whose tenant
-/// cap can bind (`text[]`: their claim locks), `$7` each class's provider (`text[]`, aligned with `$3`),
-/// `$8` the sends that provider may start now (`int4[]`, aligned with `$3`, the same for every
-/// class of one provider) and `$9` the fair key each priority's run starts at (`float8[]`, aligned
-/// with `$5`; NULL for its head). See [`ClaimClass`].
+/// aligned with `$3`), `$5` the priorities of those classes (`int2[]`), `$6` each class's provider
+/// (`text[]`, aligned with `$3`), `$7` the sends that provider may start now (`int4[]`, aligned with
+/// `$3`, the same for every class of one provider) and `$8` the fair key each priority's run starts
+/// at (`float8[]`, aligned with `$5`; NULL for its head). See [`ClaimClass`].
 ///
 /// A claim by priority reads each priority's jobs as a run of its own, from that key on
 /// ([`ClaimSpec::ranges`]): where its caller knows that nothing claimable is left below a key (see
@@ -46,7 +45,7 @@ use crate::queue::status::JobStatus;
 ///
 /// Tenant caps are exact: of the picked jobs a tenant gets only as many as its cap leaves free, counted
 /// in this statement (so a batch cannot overshoot), and the statement runs in a transaction that first
-/// takes the claim locks of `$6` ([`claim_locks_sql`]), so two pods claiming at once cannot both fill
+/// takes the claim locks of the classes whose cap can bind ([`claim_locks_sql`]), so two pods claiming at once cannot both fill
 /// the same last unit. Claims of one class run one after another; finishes never wait for them. The
 /// statement starts once the locks are held, so its snapshot sees every claim settled before it: the
 /// jobs the previous holder claimed are in flight, not pending at the head of the claim order.
@@ -86,7 +85,7 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool, pick: usize, commit: Commit
             "sends AS ( \
                  SELECT s.id, s.class, row_number() OVER (ORDER BY {order}) AS pos, \
                         row_number() OVER (PARTITION BY p.provider ORDER BY {order}) AS used, p.free \
-                 FROM {source} s JOIN unnest($3::text[], $7::text[], $8::int4[]) AS p(class, provider, free) \
+                 FROM {source} s JOIN unnest($3::text[], $6::text[], $7::int4[]) AS p(class, provider, free) \
                       ON p.class = s.class), \
              stopped_at AS (SELECT class, pos FROM sends WHERE used > free AND pos <= $1 ORDER BY pos LIMIT 1), \
              admitted AS ( \
@@ -100,7 +99,7 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool, pick: usize, commit: Commit
                 free: &CLAIMABLE,
                 held: &SENDING,
                 filter: "priority = ANY($5) AND class = ANY($3) AND run_after <= statement_timestamp() \
-                     AND $4::int4[] IS NOT NULL AND $6::text[] IS NOT NULL AND $9::float8[] IS NOT NULL",
+                     AND $4::int4[] IS NOT NULL AND $8::float8[] IS NOT NULL",
                 order_by: &order,
                 ranges: &ranges,
                 set: CLAIM_SET,
@@ -116,7 +115,7 @@ pub fn claim_sql(policy: &GroupPolicy, capped: bool, pick: usize, commit: Commit
     }
     let filter = "priority = ANY($5) AND class = ANY($3) AND run_after <= statement_timestamp() \
          AND (tenant, class) NOT IN (SELECT tenant, class FROM live WHERE inflight >= cap) \
-         AND $6::text[] IS NOT NULL AND $9::float8[] IS NOT NULL";
+         AND $8::float8[] IS NOT NULL";
     let gate = format!(
         "ranked AS ( \
              SELECT id, tenant, class, priority, fair_key, \
@@ -209,14 +208,14 @@ const CLAIM_LOCK_SPACE: i32 = 1667853679;
 const CLAIM_IDLE_LIMIT: Duration = Duration::from_secs(2);
 
 /// The runs a claim of `policy` reads one after another: for a claim by priority, each priority of
-/// `$5` in turn, from its key in `$9` on (from its head where that is NULL, and none where `$5` has
+/// `$5` in turn, from its key in `$8` on (from its head where that is NULL, and none where `$5` has
 /// fewer priorities than the group has classes); none for a claim oldest first, whose one scan starts
 /// at the head of its index.
 fn claim_ranges(policy: &GroupPolicy) -> Vec<String> {
     match policy.order {
         ClaimOrder::Fifo => Vec::new(),
         ClaimOrder::Priority => (1..=policy.classes.len().max(1))
-            .map(|i| format!("priority = ($5::int2[])[{i}] AND fair_key >= coalesce(($9::float8[])[{i}], '-Infinity')"))
+            .map(|i| format!("priority = ($5::int2[])[{i}] AND fair_key >= coalesce(($8::float8[])[{i}], '-Infinity')"))
             .collect(),
     }
 }
@@ -293,7 +292,6 @@ pub async fn claim(
         .bind(&names)
         .bind(&caps)
         .bind(&priorities)
-        .bind(&locked)
         .bind(&providers)
         .bind(&free)
         .bind(&starts);
